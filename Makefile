@@ -1,0 +1,31 @@
+# The README's quick start is exactly `make demo` and `make test` on a fresh machine.
+# Both create or reuse .venv and install what they need: the CPU build of torch 2.13.0
+# (a file already on disk here; never a bare `torch`, which pulls a multi-GB CUDA build),
+# triton 3.6.0 (runs kernels on the CPU with TRITON_INTERPRET=1), and flaloop itself.
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+STAMP  := $(VENV)/.flaloop-installed
+
+.PHONY: setup test demo lint clean
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 triton==3.6.0
+	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev,gpu]'
+	@touch $@
+
+setup: $(STAMP)
+
+test: setup
+	TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests
+
+demo: setup
+	TRITON_INTERPRET=1 $(VPY) -m flaloop demo
+
+lint: setup
+	$(VPY) -m ruff check flaloop tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,3 @@
+from flaloop.cli import main
+
+main()

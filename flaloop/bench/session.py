@@ -1,0 +1,498 @@
+"""The paired benchmark session: spawn a base and a candidate worker, interleave, stop, judge.
+
+The session never times anything itself (workers do) and never imports torch. Order of work:
+
+1. Workers: the candidate imports the op from the working tree, the base from a detached
+   worktree of the base commit; each proves it by its op module's `__file__`.
+2. Warm-up, for every cell on both sides before any timed sample: build inputs, compile,
+   autotune, capture and prove the CUDA graph. The base's outputs and gradients must be finite
+   (else the inputs are outside the op's domain and the cell is refused) and the candidate's
+   must match the base's (else the cell is blocked).
+3. Sampling, cell by cell: pairs in ABBA order, GPU clock read around each pair, pairs taken
+   below the clock floor or while throttled dropped and counted; stop when the stopping rule
+   says so. Then a few interleaved eager-latency samples per side.
+4. Statistics (flaloop.stats) over the kept pairs; a run record with every raw sample.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from flaloop import git, stats
+from flaloop.errors import MeasurementError, UsageError
+from flaloop.evidence import Clocks, ClockReading, fingerprint
+
+WORKER = Path(__file__).parent / "worker.py"
+MODES = ("fwd", "fwdbwd")
+
+
+# -- cells --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cell:
+    shape_name: str
+    shape: dict
+    mode: str
+    dtype: str = "bfloat16"
+    seqlens: tuple[int, ...] | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.shape_name}/{self.mode}"
+
+    def to_wire(self, seed: int, overrides: dict, k: int | None, timer: str, min_sample_ms: float) -> dict:
+        return {"id": self.id, "shape": self.shape, "mode": self.mode, "dtype": self.dtype, "seed": seed,
+                "overrides": overrides, "seqlens": list(self.seqlens) if self.seqlens else None, "k": k,
+                "timer": timer, "min_sample_ms": min_sample_ms}
+
+
+def varlen_shape(name: str, shape: dict, seed: int = 0) -> tuple[str, dict, tuple[int, ...]]:
+    """A packed variable-length variant of a dense shape: B*T tokens in 2*B sequences, B=1."""
+    total, n = shape["B"] * shape["T"], max(2, 2 * shape["B"])
+    rng = random.Random(f"{name}-{seed}")
+    cuts = sorted(rng.sample(range(1, total), n - 1))
+    lens = tuple(b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True))
+    return f"{name}_varlen{n}", {**shape, "B": 1, "T": total}, lens
+
+
+def make_cells(shape_configs: dict[str, dict], names: list[str], modes: list[str], dtype: str,
+               varlen: bool) -> list[Cell]:
+    unknown = [n for n in names if n not in shape_configs]
+    if unknown:
+        raise UsageError(f"unknown shape(s) {', '.join(unknown)}", f"known: {', '.join(shape_configs)}")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise UsageError(f"unknown mode(s) {', '.join(bad)}", f"choose from {', '.join(MODES)}")
+    cells = []
+    for name in names:
+        for mode in modes:
+            cells.append(Cell(name, dict(shape_configs[name]), mode, dtype))
+        if varlen:
+            vname, vshape, lens = varlen_shape(name, shape_configs[name])
+            cells.extend(Cell(vname, vshape, mode, dtype, lens) for mode in modes)
+    return cells
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+class WorkerFailed(MeasurementError):
+    """The worker process died or stopped answering; `stderr` has its last words."""
+
+    def __init__(self, side: str, what: str, stderr: str):
+        super().__init__(f"the {side} worker {what}", f"its stderr ends with:\n{stderr[-3000:]}")
+        self.side, self.stderr = side, stderr
+
+
+class Worker:
+    """One long-lived worker process speaking JSON lines over pipes."""
+
+    def __init__(self, side: str, python: str, tree: Path, registry: Path, op: str, device: str,
+                 log_path: Path, env: dict[str, str] | None = None):
+        self.side, self.tree, self.log_path = side, tree, log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in close()
+        cmd = [python, "-u", str(WORKER), "--tree", str(tree), "--registry", str(registry), "--op", op,
+               "--side", side, "--device", device, "--workdir", str(log_path.parent)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     text=True, bufsize=1, cwd=tree, env=env, start_new_session=True)
+        self._replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.dead = False
+        self.hello: dict = {}
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self._replies.put(line)
+        self._replies.put(None)
+
+    def stderr_tail(self) -> str:
+        self._log.flush()
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def request(self, cmd: str, timeout: float, **payload) -> dict:
+        if self.dead:
+            raise WorkerFailed(self.side, "is gone", self.stderr_tail())
+        try:
+            self.proc.stdin.write(json.dumps({"cmd": cmd, **payload}) + "\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError):
+            self._die()
+            raise WorkerFailed(self.side, f"died before `{cmd}`", self.stderr_tail()) from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._die()
+                raise WorkerFailed(self.side, f"hung: no answer to `{cmd}` within {timeout:.0f}s",
+                                   self.stderr_tail()) from None
+            if line is None:
+                self._die()
+                code = self.proc.wait()
+                raise WorkerFailed(self.side, f"crashed during `{cmd}` (exit {code})", self.stderr_tail())
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not ours: the protocol fd is private, but be forgiving
+
+    def _die(self) -> None:
+        self.dead = True
+        _kill_group(self.proc)
+
+    def close(self) -> None:
+        if not self.dead and self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+                self.proc.wait(timeout=15)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        _kill_group(self.proc)
+        self._log.close()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=5)
+            return
+        except (ProcessLookupError, PermissionError):
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# -- configuration and results ------------------------------------------------------------------
+
+@dataclass
+class BenchConfig:
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    dtype: str = "bfloat16"
+    device: str = "auto"
+    margin: float = 0.005
+    half_width: float = 0.0025
+    min_pairs: int = 16
+    max_pairs: int = 400
+    cell_seconds: float = 60.0
+    min_sample_ms: float = 1.0
+    diff_tol: float = 0.005
+    n_eager: int = 6
+    clock_floor: float = 0.75
+    seed: int = 0
+    setup_timeout: float = 1800.0
+    sample_timeout: float = 300.0
+    varlen: bool = False
+    aa: bool = False
+    overrides: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Pair:
+    order: str  # "AB" (base first) or "BA"
+    base_ms: float
+    cand_ms: float
+    clock_before: dict | None
+    clock_after: dict | None
+    dropped: str | None = None
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    status: str = "pending"  # ok | refused | blocked | failed | skipped
+    reason: str = ""
+    timer: str | None = None
+    k: int | None = None
+    setup: dict = field(default_factory=dict)
+    diff: dict | None = None
+    pairs: list[Pair] = field(default_factory=list)
+    eager: dict = field(default_factory=dict)
+    stop_reason: str = ""
+    seconds: float = 0.0
+    # filled by analyse()
+    estimate: dict | None = None
+    verdict: str | None = None
+    summary: dict = field(default_factory=dict)
+    launch_bound: bool | None = None
+
+    @property
+    def kept(self) -> list[Pair]:
+        return [p for p in self.pairs if p.dropped is None]
+
+    def log_ratios(self) -> np.ndarray:
+        return np.log(np.array([p.cand_ms for p in self.kept]) / np.array([p.base_ms for p in self.kept]))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["cell"] = {**asdict(self.cell), "id": self.cell.id}
+        d["dropped_pairs"] = sum(p.dropped is not None for p in self.pairs)
+        return d
+
+
+Events = Callable[..., None]
+
+
+# -- the session --------------------------------------------------------------------------------
+
+@contextmanager
+def _trees(root: Path, base_commit: str, aa: bool) -> Iterator[tuple[Path, Path]]:
+    with git.worktree(root, base_commit, "base") as base:
+        yield base, (base if aa else root)
+
+
+def _inside(path: str | None, tree: Path) -> bool:
+    return bool(path) and os.path.realpath(path).startswith(os.path.realpath(tree) + os.sep)
+
+
+class Session:
+    def __init__(self, *, root: Path, python: str, op: str, registry_rel: str, base_commit: str,
+                 cells: list[Cell], config: BenchConfig, run_dir: Path, on_event: Events | None = None):
+        self.root, self.python, self.op = root, python, op
+        self.registry_rel, self.base_commit = registry_rel, base_commit
+        self.cells, self.cfg, self.run_dir = cells, config, run_dir
+        self.on_event = on_event or (lambda *a, **k: None)
+        self.results = [CellResult(c) for c in cells]
+        self.workers: dict[str, Worker] = {}
+        self.clocks: Clocks | None = None
+        self.env_info: dict = {}
+        self.errors: list[str] = []
+
+    # -- lifecycle --
+
+    def run(self) -> None:
+        with ExitStack() as stack:
+            base_tree, cand_tree = stack.enter_context(_trees(self.root, self.base_commit, self.cfg.aa))
+            registry = base_tree / self.registry_rel
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(self.run_dir.parent / "triton-cache")
+            device = self.cfg.device
+            for side, tree in (("base", base_tree), ("cand", cand_tree)):
+                w = Worker(side, self.python, tree, registry, self.op, device, self.run_dir / f"{side}.stderr",
+                           env=env)
+                stack.callback(w.close)
+                self.workers[side] = w
+            for side, w in self.workers.items():
+                w.hello = self._ask(side, "hello", self.cfg.setup_timeout)
+                if not w.hello.get("ok"):
+                    raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}",
+                                           w.hello.get("traceback", "")[-2000:])
+                for key in ("op_module_file", "op_func_file"):
+                    if not _inside(w.hello.get(key), w.tree):
+                        raise MeasurementError(
+                            f"the {side} worker imported {self.op} from {w.hello.get(key)}, "
+                            f"not from its tree {w.tree}",
+                            "an installed copy shadows the tree; uninstall it or fix sys.path: "
+                            "refusing to measure the wrong code")
+            hello = self.workers["base"].hello
+            self.clocks = Clocks(hello.get("device_uuid"))
+            self.env_info = fingerprint(hello, self.clocks)
+            self._warm_all()
+            for res in self.results:
+                if res.status == "pending":
+                    self._measure(res)
+        self.on_event("done")
+
+    def _ask(self, side: str, cmd: str, timeout: float, **payload) -> dict:
+        return self.workers[side].request(cmd, timeout, **payload)
+
+    # -- phase 1: warm-up and correctness --
+
+    def _setup(self, res: CellResult, side: str, k: int | None, timer: str) -> dict:
+        wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, k, timer, self.cfg.min_sample_ms)
+        return self._ask(side, "setup", self.cfg.setup_timeout, cell=wire)
+
+    def _warm_all(self) -> None:
+        for i, res in enumerate(self.results):
+            self.on_event("warm", cell=res.cell.id, index=i, total=len(self.results))
+            try:
+                self._warm(res)
+            except WorkerFailed as exc:
+                self._side_died(exc)
+                return
+            finally:
+                for side, w in self.workers.items():
+                    if not w.dead:
+                        self._ask(side, "release", 120, cell=res.cell.id)
+
+    def _warm(self, res: CellResult) -> None:
+        base = self._setup(res, "base", None, "auto")
+        res.setup["base"] = base
+        if not base.get("ok"):
+            return self._fail(res, "base", base)
+        nonfinite = {n: c for n, c in base.get("nonfinite", {}).items() if c}
+        if nonfinite:
+            res.status, res.reason = "refused", (
+                "inputs outside the op's domain: the BASE gives non-finite values "
+                + ", ".join(f"{n}: {c}" for n, c in nonfinite.items())
+                + " (override an input transform in the contract, e.g. --input k=l2norm)")
+            return None
+        cand = self._setup(res, "cand", base["k"], "auto")
+        res.setup["cand"] = cand
+        if not cand.get("ok"):
+            return self._fail(res, "cand", cand)
+        if cand["timer"] != base["timer"]:  # both sides must be timed the same way
+            why = cand.get("capture_error") or base.get("capture_error")
+            base = self._setup(res, "base", base["k"], "eager")
+            cand = self._setup(res, "cand", base["k"], "eager")
+            res.setup.update(base=base, cand=cand, timer_note=f"one side could not be captured: {why}")
+            if not (base.get("ok") and cand.get("ok")):
+                return self._fail(res, "base" if not base.get("ok") else "cand", base if not base.get("ok") else cand)
+        res.timer, res.k = base["timer"], base["k"]
+        dump = self.run_dir / f"dump-{abs(hash(res.cell.id)) % 10**8}.pt"
+        d = self._ask("base", "dump", self.cfg.setup_timeout, cell=res.cell.id, path=str(dump))
+        if not d.get("ok"):
+            return self._fail(res, "base", d)
+        cmp_ = self._ask("cand", "compare", self.cfg.setup_timeout, cell=res.cell.id, ref=str(dump),
+                         tol=self.cfg.diff_tol)
+        dump.unlink(missing_ok=True)
+        if not cmp_.get("ok"):
+            return self._fail(res, "cand", cmp_)
+        res.diff = cmp_
+        if not cmp_.get("match"):
+            worst = sorted(cmp_.get("tensors", {}).items(), key=lambda kv: -(kv[1].get("rel_rms") or 0))[:3]
+            res.status, res.reason = "blocked", (
+                "candidate differs from base: " + ", ".join(
+                    f"{n} rel-RMS {t.get('rel_rms')}, non-finite {t.get('nonfinite_self')}" for n, t in worst))
+        return None
+
+    def _fail(self, res: CellResult, side: str, reply: dict) -> None:
+        error = str(reply.get("error", "unknown error"))
+        if error.startswith("skip:"):
+            res.status, res.reason = "skipped", error[5:].strip()
+        else:
+            res.status, res.reason = "failed", f"{side}: {error}"
+            res.setup[f"{side}_traceback"] = reply.get("traceback", "")[-4000:]
+
+    def _side_died(self, exc: WorkerFailed) -> None:
+        self.errors.append(f"{exc.message}\n{exc.stderr[-3000:]}")
+        for res in self.results:
+            if res.status in ("pending", "ok") and not res.pairs:
+                res.status, res.reason = "failed", f"{exc.side} worker died: {exc.message}"
+
+    # -- phase 2: paired sampling --
+
+    def _clock(self) -> ClockReading | None:
+        return self.clocks.read() if self.clocks else None
+
+    def _measure(self, res: CellResult) -> None:
+        t0 = time.monotonic()
+        rule = stats.CIHalfWidthStop(target=self.cfg.half_width, min_pairs=self.cfg.min_pairs,
+                                     max_pairs=self.cfg.max_pairs, max_seconds=self.cfg.cell_seconds)
+        try:
+            for side in ("base", "cand"):
+                r = self._setup(res, side, res.k, "eager" if res.timer == "cuda_eager" else "auto")
+                if not r.get("ok"):
+                    return self._fail(res, side, r)
+            while True:
+                order = "AB" if len(res.pairs) % 2 == 0 else "BA"
+                before = self._clock()
+                t = {}
+                for side in (("base", "cand") if order == "AB" else ("cand", "base")):
+                    r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1)
+                    if not r.get("ok"):
+                        return self._fail(res, side, r)
+                    t[side] = r["times_ms"][0]
+                after = self._clock()
+                res.pairs.append(Pair(order, t["base"], t["cand"], before and before.to_dict(),
+                                      after and after.to_dict(), self._drop_reason(before, after)))
+                r_kept = res.log_ratios()
+                self.on_event("pair", cell=res.cell.id, n=len(res.pairs), kept=len(r_kept))
+                if rule.enough(r_kept, time.monotonic() - t0) or len(res.pairs) >= 3 * self.cfg.max_pairs:
+                    res.stop_reason = rule.reason
+                    break
+            for i in range(self.cfg.n_eager):
+                for side in (("base", "cand") if i % 2 == 0 else ("cand", "base")):
+                    r = self._ask(side, "eager", self.cfg.sample_timeout, cell=res.cell.id, n=1)
+                    if r.get("ok"):
+                        e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
+                        e["host_ms"] += r["host_ms"]
+                        e["wall_ms"] += r["wall_ms"]
+            res.status = "ok" if len(res.kept) >= 2 else "failed"
+            if res.status == "failed":
+                res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
+        except WorkerFailed as exc:
+            self._side_died(exc)
+            if res.status == "pending":
+                res.status, res.reason = "failed", exc.message
+        finally:
+            res.seconds = time.monotonic() - t0
+            for side, w in self.workers.items():
+                if not w.dead:
+                    try:
+                        w.request("release", 120, cell=res.cell.id)
+                    except WorkerFailed as exc:
+                        self._side_died(exc)
+
+    def _drop_reason(self, before: ClockReading | None, after: ClockReading | None) -> str | None:
+        for r in (before, after):
+            if r is None:
+                continue
+            if r.throttled:
+                return f"throttled (reasons 0x{r.throttle_reasons:x})"
+            if r.fraction_of_max < self.cfg.clock_floor:
+                return f"SM clock {r.sm_mhz} MHz < {self.cfg.clock_floor:.0%} of {r.sm_max_mhz}"
+        return None
+
+
+# -- analysis (pure: from results, never re-measures) -------------------------------------------
+
+def analyse(results: list[CellResult], margin: float, seed: int = 0) -> dict:
+    measured = [r for r in results if r.status == "ok"]
+    ratios = [r.log_ratios() for r in measured]
+    verdicts = stats.holm_verdicts(ratios, margin=margin, seed=seed) if measured else []
+    for r, lr, v in zip(measured, ratios, verdicts, strict=True):
+        r.estimate = stats.estimate_speedup(lr, seed=seed).to_dict()
+        r.verdict = v.value
+        r.summary = {side: stats.summarize([getattr(p, f"{side}_ms") for p in r.kept]).to_dict()
+                     for side in ("base", "cand")}
+        host = r.eager.get("base", {}).get("host_ms")
+        if host:
+            r.summary["eager"] = {s: stats.summarize(e["wall_ms"]).to_dict() for s, e in r.eager.items()}
+            r.summary["host"] = {s: stats.summarize(e["host_ms"]).to_dict() for s, e in r.eager.items()}
+            r.launch_bound = float(np.median(host)) > r.summary["base"]["median"]
+    for r in results:
+        if r.status != "ok":
+            r.verdict = r.status.upper()
+    geo = stats.geomean(ratios, verdicts=verdicts, seed=seed).to_dict() if measured else None
+    if geo is not None and geo.get("worst_cell") is not None:
+        geo["worst_cell_id"] = measured[geo["worst_cell"]].cell.id
+    return {"geomean": geo, "n_cells": len(results), "n_measured": len(measured),
+            "n_blocked": sum(r.status == "blocked" for r in results),
+            "n_refused": sum(r.status == "refused" for r in results),
+            "n_failed": sum(r.status == "failed" for r in results)}
+
+
+def write_record(run_dir: Path, record: dict) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "record.json"
+    path.write_text(json.dumps(record, indent=1, default=str))
+    return path
+
+
+def now_stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def python_default() -> str:
+    return sys.executable

@@ -1,0 +1,210 @@
+"""Command line: one thin function per command; parsing and printing only.
+
+Exit codes: 0 verdict delivered / gate green, 1 gate red or guard blocked, 2 usage or setup
+error, 3 measurement failed, 130 interrupted. Every command takes --json for agents: then
+stdout carries exactly one JSON document and human output goes to stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import sys
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flaloop import contract as contract_mod
+from flaloop import gate as gate_mod
+from flaloop.errors import FlaloopError
+from flaloop.target import Target
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Make GPU kernels faster without breaking or gaming correctness.")
+# Not a terminal (CI, agents, pipes): rich would assume 80 columns and truncate paths.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
+
+RepoOpt = Annotated[str | None, typer.Option("--repo", help="Target checkout (default: the git root of the cwd).")]
+PyOpt = Annotated[str | None, typer.Option("--python", help="Target's interpreter (default: this one).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for agents.")]
+
+
+def command(fn: Callable) -> Callable:
+    """Map FlaloopError to its exit code and message; survive Ctrl-C with exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        as_json = kwargs.get("as_json", False)
+        try:
+            return fn(*args, **kwargs)
+        except FlaloopError as exc:
+            if as_json:
+                print(json.dumps({"ok": False, "error": exc.message, "hint": exc.hint,
+                                  "exit_code": exc.exit_code}))
+            err.print(f"[bold red]error:[/] {exc.message}", markup=True)
+            if exc.hint:
+                err.print(f"  hint: {exc.hint}")
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("interrupted: temporary worktrees and processes were cleaned up")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _human(as_json: bool) -> Console:
+    return err if as_json else out
+
+
+# -- list ---------------------------------------------------------------------------------------
+
+@app.command("list")
+@command
+def list_cmd(repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False) -> None:
+    """List the target's ops with their import path and gate test file."""
+    target = Target.discover(repo, python)
+    ops = target.ops()
+    if as_json:
+        print(json.dumps({"ok": True, "root": str(target.root), "ops": [
+            {**s.to_dict(), "test_file_exists": (target.root / s.test_file).is_file()} for s in ops]}))
+        return
+    table = Table(title=f"ops in {target.root}")
+    for col in ("op", "import path", "gate test file", "from"):
+        table.add_column(col)
+    for s in ops:
+        exists = (target.root / s.test_file).is_file()
+        test = s.test_file if exists else f"{s.test_file} (missing)"
+        table.add_row(s.name, f"{s.import_path}.{s.func_name}", test, s.source)
+    out.print(table)
+
+
+# -- init ---------------------------------------------------------------------------------------
+
+@app.command("init")
+@command
+def init_cmd(
+    op: str,
+    target_speedup: Annotated[str, typer.Option("--target", help="Speedup goal, e.g. 1.2x.")] = "1.0x",
+    shapes: Annotated[list[str] | None, typer.Option("--shapes", help="Registry shape names (repeatable).")] = None,
+    base: Annotated[str, typer.Option("--base", help="Base git ref.")] = "HEAD",
+    langs: Annotated[str, typer.Option("--langs", help="Allowed languages, comma separated.")] = "triton",
+    modes: Annotated[str, typer.Option("--modes", help="Bench modes, comma separated.")] = "fwd,fwdbwd",
+    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override an input transform: k=l2norm.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing contract.")] = False,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Write the task contract: docs/draft.md and contract.json under profile/<op>-opt/."""
+    target = Target.discover(repo, python)
+    spec = target.op(op)
+    target.test_path(spec)
+    shape_list = [s for item in (shapes or []) for s in item.split(",") if s]
+    c = contract_mod.create(
+        target, spec, base_ref=base, speedup=contract_mod.parse_speedup(target_speedup),
+        shapes=shape_list or None, langs=[x for x in langs.split(",") if x],
+        modes=[x for x in modes.split(",") if x], overrides=contract_mod.parse_overrides(inputs or []))
+    cpath, dpath = contract_mod.write(target, c, force)
+    if as_json:
+        print(json.dumps({"ok": True, "contract": str(cpath), "draft": str(dpath), **c.to_dict()}))
+        return
+    out.print(f"contract for [bold]{c.op}[/]: {c.import_path}.{c.func_name} in {c.entry_file}", markup=True)
+    out.print(f"  signature: {c.signature}")
+    out.print(f"  base: {c.base_ref} = {c.base_commit[:12]}   target: {c.target_speedup:g}x   "
+              f"shapes: {', '.join(c.shapes) or '(none)'}")
+    table = Table(title="frozen set (hashed at the base commit)")
+    table.add_column("file")
+    table.add_column("why")
+    table.add_column("sha256")
+    for f in c.frozen:
+        table.add_row(f.path, f.reason, f.sha256[:12])
+    out.print(table)
+    out.print(f"wrote {cpath.relative_to(target.root)} and {dpath.relative_to(target.root)} "
+              f"(git ignores {cpath.parent.relative_to(target.root)}/)")
+
+
+# -- gate ---------------------------------------------------------------------------------------
+
+def _progress_bar(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console, transient=True)
+
+
+@app.command("gate")
+@command
+def gate_cmd(
+    op: str,
+    k_expr: Annotated[str | None, typer.Option("-k", help="pytest -k subset: a signal only, never a gate.")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Kill pytest after this many seconds.")] = None,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Run the op's frozen test file as a black box; exit 0 green, 1 red."""
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    result = run_gate_with_progress(target, c, k_expr, timeout, _human(as_json))
+    if as_json:
+        print(json.dumps({"ok": True, **result.to_dict()}, default=str))
+    else:
+        print_gate(result, out)
+    raise typer.Exit(0 if result.green else 1)
+
+
+def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float | None,
+                           console: Console) -> gate_mod.GateResult:
+    _, stripped, _ = gate_mod.clean_env(target.extra_strip_env())
+    for name, value in stripped.items():
+        console.print(f"[yellow]removed {name}={value} from the gate's environment[/] "
+                      f"(it weakens or steers the tests)", markup=True)
+    if k_expr:
+        console.print(f"[yellow]-k {k_expr!r}: SIGNAL ONLY, this run never counts as a promotion gate[/]",
+                      markup=True)
+    with _progress_bar(console) as bar:
+        tasks: dict[str, int] = {}
+
+        def updater(label: str):
+            def update(done: int, total: int, last: str) -> None:
+                if label not in tasks:
+                    tasks[label] = bar.add_task(label, total=None, last="")
+                bar.update(tasks[label], completed=done, total=total or None, last=last.rsplit("::", 1)[-1][:60])
+            return update
+
+        return gate_mod.run_gate(target, c, k_expr=k_expr, progress=updater("candidate"),
+                                 baseline_progress=updater(f"baseline at {c.base_commit[:8]}"), timeout=timeout)
+
+
+def print_gate(r: gate_mod.GateResult, console: Console) -> None:
+    label = "[bold green]GREEN[/]" if r.green else "[bold red]RED[/]"
+    scope = f"  [yellow](signal only: -k {r.k_expr!r})[/]" if r.signal_only else ""
+    console.print(f"{label} gate {r.op}: {r.test_file}{scope}", markup=True)
+    if r.run:
+        n = r.run
+        console.print(f"  {n.passed} passed, {n.failed} failed, {n.skipped} skipped, {n.errors} errors; "
+                      f"{len(n.selected)} selected, {n.ran} ran; pytest exit {n.exit_code}; "
+                      f"{n.junit_time:.1f}s in pytest, {r.wall_s:.1f}s wall")
+    if r.baseline:
+        cached = " (cached)" if r.baseline.get("cached") else ""
+        console.print(f"  base {r.base_commit[:12]}: {len(r.baseline['selected'])} selected, "
+                      f"{r.baseline['skipped']} skipped{cached}")
+    tree = r.tree
+    console.print(f"  tree: {tree['head'][:12]}{' + uncommitted ' + str(tree['diff_hash']) if tree['dirty'] else ''}")
+    for f in r.findings:
+        console.print(f"  [red]x[/] {f.message}", markup=True)
+        if f.detail:
+            for line in f.detail.splitlines()[:40]:
+                console.print(f"      {line}")
+    if r.log_path:
+        console.print(f"  log: {r.log_path}")
+
+
+def main() -> None:
+    # Ctrl-C and SIGTERM unwind the same way, so worktrees and workers are always cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    app(prog_name="flaloop")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

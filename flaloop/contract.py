@@ -1,0 +1,304 @@
+"""The task contract: `profile/<op>-opt/docs/draft.md` for people, `contract.json` for tools.
+
+The frozen set is what the gate trusts and the candidate may not touch: the test file, every
+conftest.py above it, the op's naive.py, the pytest configuration, and every module of the
+target package that the test (or its conftest) imports, except the file that defines the op
+under optimization. That last rule is what freezes FLA's `fused_recurrent_*` kernels when a
+chunk test uses them as its reference, and the module that defines `assert_close`.
+Hashes are taken of the files *at the base commit*.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from flaloop import __version__, git
+from flaloop.errors import UsageError
+from flaloop.target import OpSpec, Target, run_probe
+
+SCHEMA = 1
+LANGS = ("triton", "gluon", "tilelang", "cute", "cuda", "torch")
+MODES = ("fwd", "fwdbwd")
+PYTEST_CONFIGS = (("pytest.ini", None), ("pyproject.toml", "[tool.pytest"), ("tox.ini", "[pytest]"),
+                  ("setup.cfg", "[tool:pytest]"))
+
+
+@dataclass(frozen=True)
+class FrozenFile:
+    path: str  # relative to the repo root
+    sha256: str
+    reason: str
+
+
+@dataclass
+class Contract:
+    op: str
+    import_path: str
+    func_name: str
+    entry_file: str
+    signature: str
+    parameters: list[dict]
+    base_ref: str
+    base_commit: str
+    test_file: str
+    frozen: list[FrozenFile]
+    target_speedup: float = 1.0
+    shapes: list[str] = field(default_factory=list)
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    langs: list[str] = field(default_factory=lambda: ["triton"])
+    input_overrides: dict[str, str] = field(default_factory=dict)
+    created: str = ""
+    flaloop_version: str = __version__
+    schema: int = SCHEMA
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Contract:
+        data = dict(data)
+        data["frozen"] = [FrozenFile(**f) for f in data.get("frozen", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @staticmethod
+    def path(target: Target, op: str) -> Path:
+        return target.workspace(op) / "contract.json"
+
+    @classmethod
+    def load(cls, target: Target, op: str) -> Contract:
+        path = cls.path(target, op)
+        if not path.exists():
+            raise UsageError(f"no task contract for {op!r} in {target.root}",
+                             f"run `flaloop init {op}` first: every command needs the contract")
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise UsageError(f"{path} is damaged: {exc}", f"rerun `flaloop init {op} --force`") from exc
+
+    def save(self, target: Target) -> Path:
+        path = self.path(target, self.op)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
+# -- the frozen set -----------------------------------------------------------------------------
+
+def imported_names(source: str, package: str) -> list[tuple[str, str | None]]:
+    """(module, name) pairs the source imports from `package`; name None for `import mod`."""
+    pairs: list[tuple[str, str | None]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == package or node.module.startswith(package + "."):
+                pairs.extend((node.module, a.name) for a in node.names if a.name != "*")
+        elif isinstance(node, ast.Import):
+            pairs.extend((a.name, None) for a in node.names
+                         if a.name == package or a.name.startswith(package + "."))
+    return pairs
+
+
+def conftests_above(root: Path, test_path: Path) -> list[Path]:
+    found, d = [], test_path.parent
+    while True:
+        if (d / "conftest.py").is_file():
+            found.append(d / "conftest.py")
+        if d == root or root not in d.parents:
+            break
+        d = d.parent
+    return sorted(found)
+
+
+def pytest_config_file(root: Path) -> Path | None:
+    for name, marker in PYTEST_CONFIGS:
+        p = root / name
+        if p.is_file() and (marker is None or marker in p.read_text(errors="replace")):
+            return p
+    return None
+
+
+def compute_frozen(target: Target, spec: OpSpec, base_commit: str) -> tuple[list[FrozenFile], dict]:
+    """The frozen set (hashed at the base commit) and the op probe's answer."""
+    root = target.root
+    real_root = os.path.realpath(root)
+    test_path = target.test_path(spec)
+    reasons: dict[str, str] = {}
+
+    def add(path: Path | str, reason: str) -> None:
+        rel = os.path.relpath(os.path.realpath(path), real_root)
+        if not rel.startswith(".."):
+            reasons.setdefault(rel, reason)
+
+    add(test_path, "gate test file")
+    conftests = conftests_above(root, test_path)
+    for c in conftests:
+        add(c, "pytest conftest")
+    cfg = pytest_config_file(root)
+    if cfg:
+        add(cfg, "pytest configuration")
+
+    wanted: list[tuple[str, str | None]] = []
+    for src in [test_path, *conftests]:
+        for pair in imported_names(src.read_text(), spec.package):
+            if pair not in wanted:
+                wanted.append(pair)
+    probe = run_probe(target.python, root, [
+        "op", "--import-path", spec.import_path, "--func", spec.func_name, "--resolve", json.dumps(wanted)])
+    if not probe.get("ok"):
+        raise UsageError(f"could not import {spec.import_path}.{spec.func_name} with {target.python}: "
+                         f"{probe.get('error')}", "fix the import, or pass --python")
+    entry = probe["func_file"]
+    op_dir = Path(probe["module_file"]).parent
+    if (op_dir / "naive.py").is_file():
+        add(op_dir / "naive.py", "naive reference of the op")
+    for item in probe["resolved"]:
+        if item["error"]:
+            raise UsageError(f"{spec.test_file} imports {item['module']}.{item['name'] or ''} but it fails "
+                             f"to import: {item['error']}")
+        if not item["file"] or item["file"] == entry:
+            continue  # the kernel under optimization
+        what = f"{item['module']}.{item['name']}" if item["name"] else item["module"]
+        reason = "defines assert_close" if item["name"] == "assert_close" else f"imported by the test: {what}"
+        add(item["file"], reason)
+
+    frozen = []
+    for rel, reason in sorted(reasons.items()):
+        blob = git.file_at(root, base_commit, rel)
+        if blob is None:
+            raise UsageError(f"frozen file {rel} does not exist at the base commit {base_commit[:12]}",
+                             "commit it first, or choose a base that has it (--base)")
+        frozen.append(FrozenFile(rel, hashlib.sha256(blob).hexdigest(), reason))
+    return frozen, probe
+
+
+def changed_frozen(target: Target, contract: Contract) -> list[tuple[FrozenFile, str]]:
+    """Frozen files whose working-tree content differs from the contract, with their diff."""
+    out = []
+    for f in contract.frozen:
+        p = target.root / f.path
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<missing>"
+        if digest != f.sha256:
+            out.append((f, git.diff_against(target.root, contract.base_commit, f.path)))
+    return out
+
+
+# -- init ---------------------------------------------------------------------------------------
+
+def parse_speedup(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*[xX]?\s*", text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"--target {text!r} is not a speedup", "write it like 1.2x")
+    return float(m.group(1))
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, transform = item.partition("=")
+        if not sep or not name or not transform:
+            raise UsageError(f"--input {item!r} is not NAME=TRANSFORM", "e.g. --input k=l2norm")
+        out[name.strip()] = transform.strip()
+    return out
+
+
+def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shapes: list[str] | None,
+           langs: list[str], modes: list[str], overrides: dict[str, str]) -> Contract:
+    base_commit = git.resolve_ref(target.root, base_ref)
+    bad = [lang for lang in langs if lang not in LANGS]
+    if bad:
+        raise UsageError(f"unknown language(s) {', '.join(bad)}", f"choose from {', '.join(LANGS)}")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise UsageError(f"unknown mode(s) {', '.join(bad)}", f"choose from {', '.join(MODES)}")
+    known_shapes = target.shape_configs(spec)
+    if shapes:
+        unknown = [s for s in shapes if s not in known_shapes]
+        if unknown:
+            raise UsageError(f"unknown shape(s) {', '.join(unknown)} for {spec.name}",
+                             f"known: {', '.join(known_shapes) or '(none)'}")
+    unknown_inputs = [n for n in overrides if spec.registry and n not in spec.registry.get("inputs", {})]
+    if unknown_inputs:
+        raise UsageError(f"--input names {', '.join(unknown_inputs)}, not inputs of {spec.name}",
+                         f"its inputs: {', '.join(spec.registry.get('inputs', {}))}")
+    frozen, probe = compute_frozen(target, spec, base_commit)
+    entry_rel = os.path.relpath(probe["func_file"], os.path.realpath(target.root))
+    contract = Contract(
+        op=spec.name, import_path=spec.import_path, func_name=spec.func_name, entry_file=entry_rel,
+        signature=probe["signature"], parameters=probe["parameters"], base_ref=base_ref,
+        base_commit=base_commit, test_file=spec.test_file, frozen=frozen, target_speedup=speedup,
+        shapes=list(shapes or known_shapes), modes=list(modes), langs=list(langs),
+        input_overrides=overrides,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    dirty = changed_frozen(target, contract)
+    if dirty:
+        names = ", ".join(f.path for f, _ in dirty)
+        raise UsageError(f"frozen file(s) already differ from the base {base_commit[:12]}: {names}",
+                         "the contract freezes the base's versions: commit or revert these edits first")
+    return contract
+
+
+def render_draft(c: Contract) -> str:
+    frozen = "\n".join(f"| `{f.path}` | {f.reason} | `{f.sha256[:16]}` |" for f in c.frozen)
+    overrides = ", ".join(f"`{k}: {v}`" for k, v in c.input_overrides.items()) or "none"
+    return f"""# Task contract: `{c.op}`
+
+Written by `flaloop init` on {c.created}. `contract.json` beside `docs/` is what the tools
+read; this page is for people. Edit the prose freely; change the contract with
+`flaloop init {c.op} --force`.
+
+## Op and entry point
+- Op: `{c.op}`, imported as `from {c.import_path} import {c.func_name}`
+- Defined in: `{c.entry_file}`
+- Public signature (must not change): `{c.signature}`
+
+## Target
+- Speedup: **{c.target_speedup:g}x** (equal-weight geometric mean over the target shapes)
+- Shapes: {", ".join(f"`{s}`" for s in c.shapes) or "(none)"}
+- Modes: {", ".join(c.modes)}
+- Input transforms overridden for the bench: {overrides}
+
+## Allowed languages
+{", ".join(c.langs)}
+
+## Validation command
+`flaloop gate {c.op}` runs `{c.test_file}` unmodified with pytest. A `-k` subset is a signal only.
+
+## Benchmark command
+`flaloop verify {c.op} --base {c.base_commit[:12]}` (gate first, then the paired benchmark).
+
+## Promotion criteria
+- The full gate is green: every frozen file matches its hash, the collected test ids equal the
+  base's, no more skips than the base, every selected case ran, pytest exited 0.
+- Base and candidate agree on every bench cell (outputs and gradients, relative RMS error).
+- The speedup CI of the geometric mean lies above 1, no cell regresses (verdict SLOWER), and the
+  target above is reached.
+
+## Frozen scope (base `{c.base_ref}` = `{c.base_commit}`)
+| file | why | sha256 |
+| --- | --- | --- |
+{frozen}
+"""
+
+
+def write(target: Target, contract: Contract, force: bool) -> tuple[Path, Path]:
+    ws = target.workspace(contract.op)
+    cpath, dpath = ws / "contract.json", ws / "docs" / "draft.md"
+    if cpath.exists() and not force:
+        raise UsageError(f"a contract for {contract.op} already exists at {cpath.relative_to(target.root)}",
+                         "pass --force to replace it (docs/draft.md is rewritten too)")
+    rel_ws = str(ws.relative_to(target.root))
+    git.ensure_ignored(target.root, rel_ws)
+    dpath.parent.mkdir(parents=True, exist_ok=True)
+    dpath.write_text(render_draft(contract))
+    contract.save(target)
+    return cpath, dpath

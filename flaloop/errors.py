@@ -1,0 +1,42 @@
+"""Errors with a user-facing message; only the CLI maps them to exit codes.
+
+Exit codes (documented in the README):
+  0  verdict delivered / gate green
+  1  gate red or guard blocked
+  2  usage or setup error (bad op, bad ref, no contract, not a git repo, ...)
+  3  measurement failed (a worker crashed or hung, no cell could be measured)
+"""
+
+from __future__ import annotations
+
+
+class FlaloopError(Exception):
+    """Base class: `message` says what was wrong, `hint` what to do next."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(FlaloopError):
+    """The user asked for something that cannot be done as asked (exit 2)."""
+
+    exit_code = 2
+
+
+class GateRed(FlaloopError):
+    """The correctness gate or a guard said no (exit 1)."""
+
+    exit_code = 1
+
+
+class MeasurementError(FlaloopError):
+    """A measurement could not be made (exit 3)."""
+
+    exit_code = 3

@@ -1,0 +1,372 @@
+"""The frozen correctness gate: the op's test file, unmodified, as a black box.
+
+The gate runs `python -m pytest <test file>` in a subprocess of the target's interpreter and
+turns red when
+  - a frozen file differs from the contract (the file is named and its diff shown),
+  - the collected test ids differ from those at the base commit,
+  - more cases are skipped than at the base,
+  - fewer cases ran than were selected,
+  - pytest exits non-zero, or no test ran,
+  - a weakening variable (FLA_CI_ENV, SKIP_TEST_*, ...) is set inside the test process,
+  - the target package was imported from somewhere other than the tree under test.
+Weakening variables in the caller's environment are removed before the run, and said so.
+
+The tree is run through a symlink in a neutral temp dir: FLA's conftest stops NaN-poisoning
+for any frame whose file path contains `tests/` or `test_`, so a checkout living under such a
+path would silently switch the poisoning off.
+
+The baseline (ids and skip count at the base commit) is one real run of the same test file in
+a worktree of the base, cached per base commit, selection and interpreter.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from flaloop import git
+from flaloop.contract import Contract, changed_frozen
+from flaloop.errors import UsageError
+from flaloop.target import Target
+
+PLUGIN_DIR = Path(__file__).parent / "probes"
+# Variables that weaken a test run. FLA_CI_ENV turns FLA's assert_close failures into warnings;
+# SKIP_TEST_* skips cases; PYTEST_ADDOPTS / PYTEST_PLUGINS can deselect or patch from outside.
+WEAKENING_ENV = ("FLA_CI_ENV", "SKIP_TEST_*", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class Finding:
+    """One reason the gate is red."""
+
+    kind: str
+    message: str
+    detail: str = ""
+
+
+@dataclass
+class PytestRun:
+    """What one pytest subprocess did."""
+
+    exit_code: int | None
+    selected: list[str]
+    outcomes: dict[str, str]
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    errors: int = 0
+    junit_time: float = 0.0
+    wall_s: float = 0.0
+    package_file: str | None = None
+    env_inside: dict[str, str] = field(default_factory=dict)
+    junit_ids: list[str] = field(default_factory=list)
+    log_tail: str = ""
+
+    @property
+    def ran(self) -> int:
+        return self.passed + self.failed + self.skipped + self.errors
+
+
+@dataclass
+class GateResult:
+    op: str
+    test_file: str
+    k_expr: str | None
+    green: bool
+    findings: list[Finding]
+    stripped_env: dict[str, str]
+    tree: dict
+    base_commit: str
+    run: PytestRun | None
+    baseline: dict | None
+    log_path: str | None
+    started: str
+    wall_s: float
+
+    @property
+    def signal_only(self) -> bool:
+        """A `-k` subset never counts as a promotion gate."""
+        return self.k_expr is not None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["signal_only"] = self.signal_only
+        d["counts"] = None if self.run is None else {
+            "passed": self.run.passed, "failed": self.run.failed, "skipped": self.run.skipped,
+            "errors": self.run.errors, "selected": len(self.run.selected), "ran": self.run.ran,
+            "time_s": round(self.run.junit_time, 3), "pytest_exit": self.run.exit_code,
+        }
+        if d["run"]:
+            d["run"].pop("outcomes", None)
+            d["run"].pop("junit_ids", None)
+        return d
+
+
+# -- environment --------------------------------------------------------------------------------
+
+def _is_weakening(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(name.startswith(p[:-1]) if p.endswith("*") else name == p for p in patterns)
+
+
+def clean_env(extra: list[str] | None = None) -> tuple[dict[str, str], dict[str, str], tuple[str, ...]]:
+    patterns = WEAKENING_ENV + tuple(extra or ())
+    env, stripped = {}, {}
+    for k, v in os.environ.items():
+        (stripped if _is_weakening(k, patterns) else env)[k] = v
+    return env, stripped, patterns
+
+
+# -- one pytest run -----------------------------------------------------------------------------
+
+def parse_junit(path: Path) -> tuple[dict[str, int], float, list[str]]:
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    total_time, ids = 0.0, []
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    for s in suites:
+        for k in counts:
+            counts[k] += int(s.get(k, 0))
+        total_time += float(s.get("time", 0) or 0)
+        for case in s.iter("testcase"):
+            ids.append(f"{case.get('classname', '')}::{case.get('name', '')}")
+    return counts, total_time, ids
+
+
+def _read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+    return events
+
+
+def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, env: dict[str, str],
+               package: str, watch: tuple[str, ...], log_path: Path,
+               progress: Progress | None = None, timeout: float | None = None) -> PytestRun:
+    """Run the test file of `tree` via a neutral symlink; collect junit, events and the log."""
+    tmp = git.neutral_tempdir("flaloop-gate-")
+    try:
+        link = tmp / "tree"
+        os.symlink(tree, link)
+        events, junit = tmp / "events.jsonl", tmp / "junit.xml"
+        cmd = [python, "-m", "pytest", str(link / test_rel), f"--rootdir={link}", "-p", "flaloop_gate_plugin",
+               "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit2", "-rfEs",
+               "--color=no"]
+        if k_expr:
+            cmd += ["-k", k_expr]
+        pypath = [str(link), str(PLUGIN_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        run_env = {**env, "PYTHONPATH": os.pathsep.join(pypath), "FLALOOP_GATE_EVENTS": str(events),
+                   "FLALOOP_GATE_PACKAGE": package, "FLALOOP_GATE_WATCH_ENV": ",".join(watch),
+                   "PYTHONUNBUFFERED": "1"}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(log_path, "w") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, cwd=tmp, env=run_env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                _wait(proc, events, progress, timeout, t0)
+            except BaseException:
+                _kill(proc)
+                raise
+        wall = time.monotonic() - t0
+        evs = _read_events(events)
+        collected = next((e for e in evs if e["event"] == "collected"), {})
+        finish = next((e for e in evs if e["event"] == "finish"), {})
+        outcomes = {e["id"]: e["outcome"] for e in evs if e["event"] == "result"}
+        package_file = finish.get("package_file") or collected.get("package_file")
+        if package_file and package_file.startswith(f"{link}/"):
+            package_file = str(tree / package_file[len(f"{link}/"):])
+        run = PytestRun(exit_code=proc.returncode, selected=collected.get("ids", []), outcomes=outcomes,
+                        wall_s=wall, package_file=package_file,
+                        env_inside={**collected.get("env", {}), **finish.get("env", {})})
+        if junit.exists():
+            counts, run.junit_time, run.junit_ids = parse_junit(junit)
+            run.failed, run.errors, run.skipped = counts["failures"], counts["errors"], counts["skipped"]
+            run.passed = counts["tests"] - run.failed - run.errors - run.skipped
+        run.log_tail = _tail(log_path)
+        return run
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait(proc: subprocess.Popen, events: Path, progress: Progress | None, timeout: float | None,
+          t0: float) -> None:
+    total, done, seen = 0, 0, 0
+    while True:
+        try:
+            proc.wait(timeout=0.25)
+            finished = True
+        except subprocess.TimeoutExpired:
+            finished = False
+        if progress is not None:
+            evs = _read_events(events)
+            if len(evs) != seen:
+                seen = len(evs)
+                for e in evs:
+                    if e["event"] == "collected":
+                        total = len(e["ids"])
+                results = [e for e in evs if e["event"] == "result"]
+                done = len({e["id"] for e in results})
+                progress(done, total, results[-1]["id"] if results else "collecting")
+        if finished:
+            return
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            _kill(proc)
+            return
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, n: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+# -- baseline at the base commit ----------------------------------------------------------------
+
+def _baseline_key(contract: Contract, k_expr: str | None, python: str) -> str:
+    h = hashlib.sha256(json.dumps([contract.base_commit, contract.test_file, k_expr, python]).encode())
+    return f"{contract.base_commit[:12]}-{h.hexdigest()[:10]}"
+
+
+def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dict[str, str],
+             watch: tuple[str, ...], progress: Progress | None = None,
+             timeout: float | None = None) -> dict:
+    """Selected ids and skip count of the test file at the base commit (cached)."""
+    cache = target.workspace(contract.op) / "gate" / f"baseline-{_baseline_key(contract, k_expr, target.python)}.json"
+    if cache.exists():
+        return {**json.loads(cache.read_text()), "cached": True}
+    package = contract.import_path.split(".")[0]
+    with git.worktree(target.root, contract.base_commit, "base") as wt:
+        run = run_pytest(target.python, wt, contract.test_file, k_expr=k_expr, env=env, package=package,
+                         watch=watch, log_path=cache.with_suffix(".log"), progress=progress, timeout=timeout)
+    if run.exit_code not in (0, 1) or not run.selected:
+        raise UsageError(
+            f"the base {contract.base_commit[:12]} could not run {contract.test_file} "
+            f"(pytest exit {run.exit_code}, {len(run.selected)} selected): no baseline to compare with",
+            f"read {cache.with_suffix('.log')}\n{run.log_tail[-1500:]}",
+        )
+    data = {"base_commit": contract.base_commit, "k_expr": k_expr, "python": target.python,
+            "selected": run.selected, "skipped": run.skipped, "failed": run.failed, "errors": run.errors,
+            "passed": run.passed, "wall_s": round(run.wall_s, 2)}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(data, indent=1))
+    return {**data, "cached": False}
+
+
+# -- the gate -----------------------------------------------------------------------------------
+
+def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Finding]:
+    """Every reason this run does not count as green."""
+    out: list[Finding] = []
+    if run.exit_code is None or run.exit_code < 0:
+        out.append(Finding("pytest-died", f"pytest was killed (signal {-(run.exit_code or 0)}) or timed out",
+                           run.log_tail))
+    elif run.exit_code != 0:
+        what = {1: "tests failed", 2: "interrupted or collection errors", 3: "internal error",
+                4: "usage error", 5: "no tests collected"}.get(run.exit_code, "error")
+        out.append(Finding("pytest-exit", f"pytest exited {run.exit_code} ({what})", run.log_tail))
+    if run.ran == 0:
+        out.append(Finding("no-test-ran", "no test ran: a gate that runs nothing proves nothing"))
+    base_ids, ids = set(base["selected"]), set(run.selected)
+    if base_ids != ids:
+        added, removed = sorted(ids - base_ids), sorted(base_ids - ids)
+        detail = "\n".join([*(f"+ {i}" for i in added[:30]), *(f"- {i}" for i in removed[:30])])
+        out.append(Finding("ids-changed", f"the collected test ids differ from the base's: "
+                                          f"{len(added)} new, {len(removed)} missing", detail))
+    if run.skipped > base["skipped"]:
+        skipped = sorted(i for i, o in run.outcomes.items() if o == "skipped")
+        out.append(Finding("more-skips", f"{run.skipped} cases skipped, the base skips {base['skipped']}",
+                           "\n".join(skipped[:30])))
+    not_run = [i for i in run.selected if i not in run.outcomes]
+    if run.selected and (not_run or run.ran < len(run.selected)):
+        out.append(Finding("not-run", f"{len(run.selected)} cases were selected but only {run.ran} ran",
+                           "\n".join(not_run[:30])))
+    if run.env_inside:
+        names = ", ".join(f"{k}={v}" for k, v in run.env_inside.items())
+        out.append(Finding("weakening-env", f"weakening variable(s) set inside the test process: {names}",
+                           "something in the tree sets them at import time; they turn failures into passes"))
+    if run.package_file is None:
+        out.append(Finding("package-not-imported", f"the tests never imported the target package {package_root!r}"))
+    elif not os.path.abspath(run.package_file).startswith(str(tree)):
+        out.append(Finding("wrong-tree", f"{package_root} was imported from {run.package_file}, "
+                                         f"not from the tree under test",
+                           "an installed copy shadows the checkout: the gate would test the wrong code"))
+    return out
+
+
+def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
+             progress: Progress | None = None, baseline_progress: Progress | None = None,
+             timeout: float | None = None) -> GateResult:
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    env, stripped, watch = clean_env(target.extra_strip_env())
+    ws = target.workspace(contract.op)
+    stamp = started.replace(":", "").replace("-", "").replace("+0000", "Z")
+    tree = git.tree_state(target.root)
+    findings: list[Finding] = []
+    for f, diff in changed_frozen(target, contract):
+        findings.append(Finding("frozen-changed", f"frozen file {f.path} ({f.reason}) differs from the contract",
+                                diff))
+    run = base = None
+    log_path = ws / "gate" / f"gate-{stamp}.log"
+    if not findings:  # a frozen edit is red already; don't spend minutes of GPU on it
+        target.test_path(target.op(contract.op))
+        base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress,
+                        timeout=timeout)
+        run = run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env,
+                         package=contract.import_path.split(".")[0], watch=watch, log_path=log_path,
+                         progress=progress, timeout=timeout)
+        findings += judge(run, base, contract.import_path.split(".")[0], target.root)
+    result = GateResult(op=contract.op, test_file=contract.test_file, k_expr=k_expr, green=not findings,
+                        findings=findings, stripped_env=stripped, tree=tree, base_commit=contract.base_commit,
+                        run=run, baseline=base, log_path=str(log_path) if run else None, started=started,
+                        wall_s=time.monotonic() - t0)
+    record(target, result)
+    return result
+
+
+def record(target: Target, result: GateResult) -> Path:
+    """Keep the result for later commands (verify, iter, report)."""
+    d = target.workspace(result.op) / "gate"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "last.json").write_text(json.dumps(result.to_dict(), indent=1))
+    return d / "last.json"
+
+
+def last_result(target: Target, op: str) -> dict | None:
+    p = target.workspace(op) / "gate" / "last.json"
+    return json.loads(p.read_text()) if p.exists() else None

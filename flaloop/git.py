@@ -1,0 +1,153 @@
+"""Git, read-only towards the user's work.
+
+Nothing here checks out, stashes or resets the user's working tree. Other revisions are
+materialised as detached worktrees in temporary directories that are removed on success,
+error and Ctrl-C alike (`worktree()` is a context manager).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from flaloop.errors import UsageError
+
+# FLA's conftest stops NaN-poisoning for any frame whose file path contains these, so no
+# tree we run tests from may live under such a path.
+POISON_BLIND_MARKERS = ("tests/", "test_")
+
+
+def _git(cwd: Path, *args: str, check: bool = True, text: bool = True) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=text,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
+        )
+    except FileNotFoundError as exc:  # pragma: no cover - git is a hard requirement
+        raise UsageError("git is not installed", "install git and retry") from exc
+    if check and proc.returncode != 0:
+        err = proc.stderr if text else proc.stderr.decode(errors="replace")
+        raise UsageError(f"git {' '.join(args)} failed in {cwd}: {err.strip()}")
+    return proc
+
+
+def repo_root(path: Path) -> Path:
+    """The top of the git work tree containing `path`."""
+    path = Path(path).resolve()
+    if not path.exists():
+        raise UsageError(f"{path} does not exist", "pass --repo PATH pointing at your checkout")
+    proc = _git(path if path.is_dir() else path.parent, "rev-parse", "--show-toplevel", check=False)
+    if proc.returncode != 0:
+        raise UsageError(
+            f"{path} is not inside a git repository",
+            "flaloop compares your working tree with a git ref: run it inside a checkout "
+            "(or `git init && git add -A && git commit -m base` first)",
+        )
+    return Path(proc.stdout.strip())
+
+
+def resolve_ref(root: Path, ref: str) -> str:
+    """Full commit SHA of `ref`, or a UsageError naming the ref."""
+    proc = _git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        hint = "check `git log --oneline` or `git branch -a`"
+        if ref == "HEAD":
+            hint = "the repository has no commit yet: commit your base first"
+        raise UsageError(f"unknown base ref {ref!r} in {root}", hint)
+    return proc.stdout.strip()
+
+
+def head_commit(root: Path) -> str:
+    return resolve_ref(root, "HEAD")
+
+
+def file_at(root: Path, commit: str, relpath: str) -> bytes | None:
+    """Contents of `relpath` at `commit`, or None when it does not exist there."""
+    proc = _git(root, "show", f"{commit}:{relpath}", check=False, text=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def diff_against(root: Path, commit: str, relpath: str) -> str:
+    """Unified diff of the working-tree file against `commit` (new files included)."""
+    proc = _git(root, "diff", "--no-color", commit, "--", relpath, check=False)
+    if proc.stdout.strip():
+        return proc.stdout
+    if not (root / relpath).exists():
+        return f"{relpath}: deleted in the working tree"
+    # Untracked file: git diff shows nothing, so show it as all-new.
+    proc = _git(root, "diff", "--no-color", "--no-index", "/dev/null", relpath, check=False)
+    return proc.stdout
+
+
+def tree_state(root: Path) -> dict:
+    """HEAD, whether the tree is dirty, and a hash of the uncommitted diff (untracked files included)."""
+    head = head_commit(root)
+    status = _git(root, "status", "--porcelain", "--untracked-files=all").stdout
+    dirty = bool(status.strip())
+    digest = None
+    if dirty:
+        h = hashlib.sha256()
+        h.update(_git(root, "diff", "--binary", "HEAD", text=False).stdout)
+        for line in status.splitlines():
+            if line.startswith("?? "):
+                rel = line[3:]
+                h.update(rel.encode())
+                p = root / rel
+                if p.is_file():
+                    h.update(p.read_bytes())
+        digest = h.hexdigest()[:12]
+    return {"head": head, "dirty": dirty, "diff_hash": digest}
+
+
+def ensure_ignored(root: Path, relpath: str) -> bool:
+    """Make git ignore `relpath` via .git/info/exclude unless it already is. True if added."""
+    probe = relpath.rstrip("/") + "/probe"
+    if _git(root, "check-ignore", "-q", probe, check=False).returncode == 0:
+        return False
+    git_dir = Path(_git(root, "rev-parse", "--git-common-dir").stdout.strip())
+    if not git_dir.is_absolute():
+        git_dir = root / git_dir
+    exclude = git_dir / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    existing = exclude.read_text() if exclude.exists() else ""
+    sep = "" if not existing or existing.endswith("\n") else "\n"
+    exclude.write_text(f"{existing}{sep}/{relpath.strip('/')}/\n")
+    return True
+
+
+def neutral_tempdir(prefix: str = "flaloop-") -> Path:
+    """A fresh temp dir whose path contains neither `tests/` nor `test_` (see POISON_BLIND_MARKERS)."""
+    for _ in range(20):
+        d = Path(tempfile.mkdtemp(prefix=prefix))
+        if not any(m in f"{d}/" for m in POISON_BLIND_MARKERS):
+            return d
+        shutil.rmtree(d, ignore_errors=True)
+    raise UsageError(
+        f"the temp directory {tempfile.gettempdir()} has 'tests/' or 'test_' in its path",
+        "set TMPDIR to a neutral directory: FLA's NaN poisoning is blind under such paths",
+    )
+
+
+@contextlib.contextmanager
+def worktree(root: Path, commit: str, name: str = "base") -> Iterator[Path]:
+    """A detached worktree of `commit` in a neutral temp dir; removed however the block ends."""
+    tmp = neutral_tempdir("flaloop-wt-")
+    path = tmp / name
+    try:
+        _git(root, "worktree", "add", "--detach", "--quiet", str(path), commit)
+        yield path
+    finally:
+        _git(root, "worktree", "remove", "--force", str(path), check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _git(root, "worktree", "prune", check=False)
+
+
+def list_worktrees(root: Path) -> list[str]:
+    out = _git(root, "worktree", "list", "--porcelain").stdout
+    return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")]

@@ -1,0 +1,55 @@
+"""pytest plugin loaded into the gate's pytest (`-p flaloop_gate_plugin`); never imports flaloop.
+
+It only observes: the selected test ids, each outcome (for progress), where the target package
+was imported from, and whether a weakening variable got set inside the test process.
+Events go as JSON lines to the file named by FLALOOP_GATE_EVENTS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _emit(event: dict) -> None:
+    path = os.environ.get("FLALOOP_GATE_EVENTS")
+    if not path:
+        return
+    with open(path, "a") as fh:
+        fh.write(json.dumps(event) + "\n")
+
+
+def _weakening_env() -> dict[str, str]:
+    watch = [w for w in os.environ.get("FLALOOP_GATE_WATCH_ENV", "").split(",") if w]
+    out = {}
+    for name, value in os.environ.items():
+        for w in watch:
+            if (w.endswith("*") and name.startswith(w[:-1])) or name == w:
+                out[name] = value
+    return out
+
+
+def _package_file() -> str | None:
+    pkg = os.environ.get("FLALOOP_GATE_PACKAGE", "")
+    mod = sys.modules.get(pkg)
+    f = getattr(mod, "__file__", None) if mod else None
+    if f is None and mod is not None:  # namespace package
+        paths = list(getattr(mod, "__path__", []))
+        f = paths[0] if paths else None
+    return f
+
+
+def pytest_collection_finish(session):
+    _emit({"event": "collected", "ids": [item.nodeid for item in session.items],
+           "env": _weakening_env(), "package_file": _package_file()})
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        _emit({"event": "result", "id": report.nodeid, "outcome": report.outcome, "when": report.when})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _emit({"event": "finish", "exitstatus": int(exitstatus), "env": _weakening_env(),
+           "package_file": _package_file()})
