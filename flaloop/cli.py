@@ -21,6 +21,7 @@ from rich.table import Table
 
 from flaloop import contract as contract_mod
 from flaloop import gate as gate_mod
+from flaloop.bench import session as session_mod
 from flaloop.errors import FlaloopError
 from flaloop.target import Target
 
@@ -198,6 +199,169 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
                 console.print(f"      {line}")
     if r.log_path:
         console.print(f"  log: {r.log_path}")
+
+
+# -- bench and verify ---------------------------------------------------------------------------
+
+def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, max_pairs: int,
+                  cell_seconds: float, half_width: float, margin: float, device: str, dtype: str,
+                  inputs: list[str] | None, diff_tol: float) -> session_mod.BenchConfig:
+    return session_mod.BenchConfig(
+        modes=[m for m in (modes.split(",") if modes else c.modes) if m], aa=aa, varlen=varlen,
+        min_pairs=min_pairs, max_pairs=max_pairs, cell_seconds=cell_seconds, half_width=half_width / 100,
+        margin=margin / 100, device=device, dtype=dtype, diff_tol=diff_tol,
+        overrides=contract_mod.parse_overrides(inputs or []))
+
+
+def _run_bench(target: Target, c, base: str | None, shapes: list[str] | None, cfg, console: Console,
+               gate: dict | None) -> dict:
+    shape_list = [s for item in (shapes or []) for s in item.split(",") if s] or None
+    with _progress_bar(console) as bar:
+        task = bar.add_task("warming up", total=None, last="")
+
+        def on_event(kind: str, **info) -> None:
+            if kind == "warm":
+                bar.update(task, description="warm-up + correctness", completed=info["index"],
+                           total=info["total"], last=info["cell"])
+            elif kind == "pair":
+                bar.update(task, description=f"pairs {info['cell']}", completed=info["n"],
+                           total=cfg.max_pairs, last=f"{info['kept']} kept")
+
+        return session_mod.bench(target, c, base_ref=base, shapes=shape_list, cfg=cfg, on_event=on_event,
+                                 gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]))
+
+
+def _fmt_ms(summary: dict | None) -> str:
+    return "-" if not summary else f"{summary['median']:.4f}"
+
+
+def print_bench(record: dict, console: Console) -> None:
+    env = record.get("env") or {}
+    cand = record["candidate"]
+    dirty = f"+dirty:{cand['diff_hash']}" if cand.get("dirty") else ""
+    console.print(f"{env.get('device_name') or env.get('device')} | driver {env.get('driver')} | CUDA {env.get('cuda')} "
+                  f"| torch {env.get('torch')} | triton {env.get('triton')} | base {record['base']['commit'][:12]} "
+                  f"| candidate {'A/A' if record['aa'] else cand['head'][:12] + dirty}")
+    if record.get("unverified"):
+        console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark[/]", markup=True)
+    table = Table(title=f"{record['op']}: candidate vs base (device time per call, ms)")
+    for col in ("shape", "mode", "timer", "base", "cand", "speedup", "95% CI", "verdict", "pairs", "eager base",
+                "eager cand", "note"):
+        table.add_column(col)
+    for cell in record["cells"]:
+        c, est, summ = cell["cell"], cell.get("estimate"), cell.get("summary") or {}
+        note = cell.get("reason", "")
+        if cell.get("launch_bound"):
+            note = (note + " launch-bound (host > device)").strip()
+        if cell.get("timer") == "cuda_eager":
+            note = (note + " eager timing (no CUDA graph)").strip()
+        eager = summ.get("eager", {})
+        table.add_row(
+            c["shape_name"], c["mode"], cell.get("timer") or "-", _fmt_ms(summ.get("base")), _fmt_ms(summ.get("cand")),
+            f"{est['speedup']:.4f}x" if est else "-",
+            f"[{est['ci_low']:.4f}, {est['ci_high']:.4f}]" if est else "-",
+            cell.get("verdict") or "-", f"{len(cell['pairs']) - cell['dropped_pairs']}/{len(cell['pairs'])}",
+            _fmt_ms(eager.get("base")), _fmt_ms(eager.get("cand")), note)
+    console.print(table)
+    s = record.get("summary") or {}
+    g = s.get("geomean")
+    if g:
+        console.print(f"geomean speedup {g['speedup']:.4f}x  95% CI [{g['ci_low']:.4f}, {g['ci_high']:.4f}]  "
+                      f"worst {g.get('worst_cell_id')} {g['worst_speedup']:.4f}x  regressions {g['n_regressions']}  "
+                      f"({s['n_measured']}/{s['n_cells']} cells measured)")
+    for e in record.get("errors", []):
+        console.print(f"[red]worker failure:[/] {e}", markup=True)
+    if record.get("path"):
+        console.print(f"run record: {record['path']}")
+
+
+def _bench_exit(record: dict) -> int:
+    s = record.get("summary") or {}
+    if s.get("n_blocked"):
+        return 1
+    if record.get("errors") or not s.get("n_measured"):
+        return 3
+    return 0
+
+
+BaseOpt = Annotated[str | None, typer.Option("--base", help="Base git ref (default: the contract's base).")]
+ShapesOpt = Annotated[list[str] | None, typer.Option("--shapes", help="Shape names (default: the contract's).")]
+ModesOpt = Annotated[str | None, typer.Option("--modes", help="fwd,fwdbwd (default: the contract's).")]
+
+
+@app.command("bench")
+@command
+def bench_cmd(
+    op: str, base: BaseOpt = None, shapes: ShapesOpt = None, modes: ModesOpt = None,
+    aa: Annotated[bool, typer.Option("--aa", help="Base against itself: the self-check.")] = False,
+    varlen: Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")] = False,
+    min_pairs: Annotated[int, typer.Option(help="Pairs before the stopping rule may stop.")] = 16,
+    max_pairs: Annotated[int, typer.Option(help="Most pairs per cell.")] = 400,
+    cell_seconds: Annotated[float, typer.Option(help="Time cap per cell.")] = 60.0,
+    half_width: Annotated[float, typer.Option(help="Stop at this CI half-width, percent.")] = 0.25,
+    margin: Annotated[float, typer.Option(help="SAME margin, percent.")] = 0.5,
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Input dtype.")] = "bfloat16",
+    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None,
+    diff_tol: Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")] = 0.005,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    cfg = _bench_config(modes, c, aa, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
+                        dtype, inputs, diff_tol)
+    record = _run_bench(target, c, base, shapes, cfg, _human(as_json), gate=None)
+    if as_json:
+        print(json.dumps({"ok": True, **record}, default=str))
+    else:
+        print_bench(record, out)
+    raise typer.Exit(_bench_exit(record))
+
+
+@app.command("verify")
+@command
+def verify_cmd(
+    op: str, base: BaseOpt = None, shapes: ShapesOpt = None, modes: ModesOpt = None,
+    k_expr: Annotated[str | None, typer.Option("-k", help="Gate on a pytest -k subset (signal only).")] = None,
+    no_gate: Annotated[bool, typer.Option("--no-gate", help="Skip the gate: the result is UNVERIFIED.")] = False,
+    varlen: Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")] = False,
+    min_pairs: Annotated[int, typer.Option(help="Pairs before the stopping rule may stop.")] = 16,
+    max_pairs: Annotated[int, typer.Option(help="Most pairs per cell.")] = 400,
+    cell_seconds: Annotated[float, typer.Option(help="Time cap per cell.")] = 60.0,
+    half_width: Annotated[float, typer.Option(help="Stop at this CI half-width, percent.")] = 0.25,
+    margin: Annotated[float, typer.Option(help="SAME margin, percent.")] = 0.5,
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="Input dtype.")] = "bfloat16",
+    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None,
+    diff_tol: Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")] = 0.005,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Gate first, then the paired benchmark; never a benchmark on a red gate."""
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    console = _human(as_json)
+    cfg = _bench_config(modes, c, False, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
+                        dtype, inputs, diff_tol)
+    gate_dict = None
+    if no_gate:
+        console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
+                      "must not be used as evidence of a win[/]", markup=True)
+    else:
+        result = run_gate_with_progress(target, c, k_expr, None, console)
+        print_gate(result, console)
+        gate_dict = result.to_dict()
+        if not result.green:
+            if as_json:
+                print(json.dumps({"ok": True, "gate": gate_dict, "bench": None}, default=str))
+            console.print("[red]gate is red: no benchmark is run on a red gate[/]", markup=True)
+            raise typer.Exit(1)
+    record = _run_bench(target, c, base, shapes, cfg, console, gate=gate_dict)
+    if as_json:
+        print(json.dumps({"ok": True, "gate": gate_dict, "bench": record}, default=str))
+    else:
+        print_bench(record, out)
+    raise typer.Exit(_bench_exit(record))
 
 
 def main() -> None:

@@ -321,7 +321,7 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Fin
                            "something in the tree sets them at import time; they turn failures into passes"))
     if run.package_file is None:
         out.append(Finding("package-not-imported", f"the tests never imported the target package {package_root!r}"))
-    elif not os.path.abspath(run.package_file).startswith(str(tree)):
+    elif not os.path.abspath(run.package_file).startswith(str(tree).rstrip(os.sep) + os.sep):
         out.append(Finding("wrong-tree", f"{package_root} was imported from {run.package_file}, "
                                          f"not from the tree under test",
                            "an installed copy shadows the checkout: the gate would test the wrong code"))

@@ -25,9 +25,10 @@ import json
 import subprocess
 import sys
 import tempfile
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 from flaloop import git
 from flaloop.errors import UsageError

@@ -23,7 +23,6 @@ import queue
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +34,7 @@ import numpy as np
 
 from flaloop import git, stats
 from flaloop.errors import MeasurementError, UsageError
-from flaloop.evidence import Clocks, ClockReading, fingerprint
+from flaloop.evidence import ClockReading, Clocks, fingerprint
 
 WORKER = Path(__file__).parent / "worker.py"
 MODES = ("fwd", "fwdbwd")
@@ -359,7 +358,7 @@ class Session:
             if not (base.get("ok") and cand.get("ok")):
                 return self._fail(res, "base" if not base.get("ok") else "cand", base if not base.get("ok") else cand)
         res.timer, res.k = base["timer"], base["k"]
-        dump = self.run_dir / f"dump-{abs(hash(res.cell.id)) % 10**8}.pt"
+        dump = self.run_dir / f"dump-{self.results.index(res)}.pt"
         d = self._ask("base", "dump", self.cfg.setup_timeout, cell=res.cell.id, path=str(dump))
         if not d.get("ok"):
             return self._fail(res, "base", d)
@@ -437,7 +436,7 @@ class Session:
                 res.status, res.reason = "failed", exc.message
         finally:
             res.seconds = time.monotonic() - t0
-            for side, w in self.workers.items():
+            for w in self.workers.values():
                 if not w.dead:
                     try:
                         w.request("release", 120, cell=res.cell.id)
@@ -494,5 +493,46 @@ def now_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def python_default() -> str:
-    return sys.executable
+def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, cfg: BenchConfig,
+          on_event: Events | None = None, gate: dict | None = None, command: str = "") -> dict:
+    """Run one paired session for the contract's op and keep its run record."""
+    spec = target.op(contract.op)
+    if not target.registry_file.is_file():
+        raise UsageError(f"{contract.op} has no registry entry to build bench inputs from",
+                         f"the bench reads TensorSpecs from {target.registry_file.relative_to(target.root)}")
+    base_commit = git.resolve_ref(target.root, base_ref) if base_ref else contract.base_commit
+    if git.file_at(target.root, base_commit, str(target.registry_file.relative_to(target.root))) is None:
+        raise UsageError(f"the base {base_commit[:12]} has no {target.registry_file.relative_to(target.root)}",
+                         "choose a base that has the registry (--base)")
+    cells = make_cells(target.shape_configs(spec), shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen)
+    if not cells:
+        raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
+    cfg.overrides = {**contract.input_overrides, **cfg.overrides}
+    stamp = now_stamp()
+    run_dir = target.workspace(contract.op) / "runs" / f"{stamp}-{'aa' if cfg.aa else 'bench'}"
+    session = Session(root=target.root, python=target.python, op=contract.op,
+                      registry_rel=str(target.registry_file.relative_to(target.root)), base_commit=base_commit,
+                      cells=cells, config=cfg, run_dir=run_dir, on_event=on_event)
+    tree = git.tree_state(target.root)
+    t0 = time.monotonic()
+    interrupted = False
+    try:
+        session.run()
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        summary = analyse(session.results, cfg.margin, cfg.seed) if any(r.pairs for r in session.results) else None
+        record = {
+            "kind": "bench", "schema": 1, "op": contract.op, "created": stamp, "command": command,
+            "aa": cfg.aa, "base": {"ref": base_ref or contract.base_ref, "commit": base_commit},
+            "candidate": {"tree": "base worktree (A/A)" if cfg.aa else str(target.root), **tree},
+            "config": asdict(cfg), "env": session.env_info,
+            "workers": {s: w.hello for s, w in session.workers.items()},
+            "gate": gate, "unverified": gate is None, "interrupted": interrupted,
+            "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2),
+            "summary": summary, "cells": [r.to_dict() for r in session.results],
+        }
+        if session.workers or interrupted:
+            record["path"] = str(write_record(run_dir, record))
+    return record

@@ -1,0 +1,167 @@
+"""The frozen gate, as a user meets it: each planted violation turns it red, the untouched
+example stays green. Real git, real pytest subprocesses, real Triton (interpreter)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import OP, edit, flaloop
+
+from flaloop.gate import PytestRun, judge
+
+TEST = Path("tests/ops/test_linear_attn.py")
+CHUNK = Path("minifla/ops/linear_attn/chunk.py")
+NAIVE = Path("minifla/ops/linear_attn/naive.py")
+REF = Path("minifla/ops/linear_attn/fused_recurrent.py")
+CONFTEST = Path("tests/conftest.py")
+
+
+def gate(repo: Path, *args: str, env: dict | None = None):
+    r = flaloop(repo, "gate", OP, "--json", *args, env=env)
+    return r, json.loads(r.stdout)
+
+
+def kinds(doc: dict) -> set[str]:
+    return {f["kind"] for f in doc["findings"]}
+
+
+def test_untouched_example_is_green(repo):
+    r, doc = gate(repo)
+    assert r.code == 0, r.stderr
+    assert doc["green"] and not doc["findings"]
+    counts = doc["counts"]
+    assert counts["failed"] == 0 and counts["passed"] > 0 and counts["ran"] == counts["selected"]
+    assert doc["signal_only"] is False
+    last = json.loads((repo / "profile" / f"{OP}-opt" / "gate" / "last.json").read_text())
+    assert last["green"] and last["tree"]["dirty"] is False
+
+
+def test_loosened_tolerance_in_test_file_is_red_and_shows_the_diff(repo):
+    edit(repo / TEST, "torch.float32: 0.005,", "torch.float32: 0.5,")
+    r, doc = gate(repo)
+    assert r.code == 1
+    assert kinds(doc) == {"frozen-changed"}
+    finding = doc["findings"][0]
+    assert str(TEST) in finding["message"]
+    assert "+    torch.float32: 0.5," in finding["detail"] and "-    torch.float32: 0.005," in finding["detail"]
+
+
+def test_added_skip_marker_is_red(repo):
+    edit(repo / TEST, "def test_chunk(", "@pytest.mark.skip(reason='flaky')\ndef test_chunk(")
+    r, doc = gate(repo)
+    assert r.code == 1 and "frozen-changed" in kinds(doc)
+
+
+def test_dropped_parametrized_case_is_red(repo):
+    edit(repo / TEST, "            (2, 100, 2, 16, 16, 0.1, True, torch.float32),\n", "")
+    r, doc = gate(repo)
+    assert r.code == 1 and "frozen-changed" in kinds(doc)
+
+
+def test_edited_naive_reference_is_red(repo):
+    (repo / NAIVE).write_text((repo / NAIVE).read_text() + "\n# harmless looking edit\n")
+    r, doc = gate(repo)
+    assert r.code == 1
+    assert [f["message"] for f in doc["findings"] if str(NAIVE) in f["message"]]
+
+
+def test_edited_conftest_is_red(repo):
+    edit(repo / CONFTEST, "import pytest", "import pytest  # poisoning off?")
+    r, doc = gate(repo)
+    assert r.code == 1 and any(str(CONFTEST) in f["message"] for f in doc["findings"])
+
+
+def test_edited_reference_kernel_is_red(repo):
+    (repo / REF).write_text((repo / REF).read_text() + "\n")
+    r, doc = gate(repo)
+    assert r.code == 1 and any(str(REF) in f["message"] for f in doc["findings"])
+
+
+def test_kernel_leaving_output_unwritten_is_caught_by_poisoning(repo):
+    # The checkout lives under pytest's tmp_path (".../test_kernel_leaving.../"): a path that
+    # blinds FLA-style poisoning unless the gate runs the tree from a neutral path.
+    assert "test_" in str(repo)
+    edit(repo / CHUNK, "mask=m_t[:, None] & m_v[None, :])", "mask=m_t[:, None] & m_v[None, :] & (i_t < NT - 1))")
+    r, doc = gate(repo)
+    assert r.code == 1
+    assert kinds(doc) == {"pytest-exit"}
+    assert doc["counts"]["failed"] > 0
+    assert "NaN" in doc["findings"][0]["detail"]
+
+
+def test_fla_ci_env_in_callers_environment_is_removed(repo):
+    # With FLA_CI_ENV=1, assert_close only warns: a wrong kernel would pass. The gate strips it.
+    edit(repo / CHUNK, "b_o = b_o * scale", "b_o = b_o * scale * 1.05")
+    r, doc = gate(repo, env={"FLA_CI_ENV": "1", "SKIP_TEST_CHUNK_VARLEN": "1"})
+    assert r.code == 1
+    assert set(doc["stripped_env"]) == {"FLA_CI_ENV", "SKIP_TEST_CHUNK_VARLEN"}
+    assert "removed FLA_CI_ENV=1" in r.stderr
+    assert doc["counts"]["failed"] > 0
+
+
+def test_fla_ci_env_set_from_inside_the_package_is_red(repo):
+    init = repo / "minifla" / "__init__.py"
+    init.write_text("import os\nos.environ['FLA_CI_ENV'] = '1'\n" + init.read_text())
+    r, doc = gate(repo)
+    assert r.code == 1 and "weakening-env" in kinds(doc)
+
+
+def test_kernel_that_skips_cases_is_red(repo):
+    # The op calls pytest.skip for awkward shapes: the test file is untouched, skips grow.
+    edit(repo / CHUNK, "import torch\n", "import torch\nimport pytest\n")
+    text = (repo / CHUNK).read_text()
+    i = text.index("def chunk_linear_attn(")
+    body = text.index(":\n", text.index(")", i)) + 2
+    doc_end = text.index('"""', text.index('"""', body) + 3) + 4 if text[body:].lstrip().startswith('"""') else body
+    (repo / CHUNK).write_text(text[:doc_end] + "    if q.shape[1] % 32:\n        pytest.skip('odd T')\n"
+                              + text[doc_end:])
+    r, doc = gate(repo)
+    assert r.code == 1 and "more-skips" in kinds(doc), doc["findings"]
+
+
+def test_kernel_that_kills_pytest_midway_is_red(repo):
+    edit(repo / CHUNK, "import torch\n", "import torch\nimport os\n")
+    text = (repo / CHUNK).read_text()
+    i = text.index("def chunk_linear_attn(")
+    body = text.index(":\n", text.index(")", i)) + 2
+    doc_end = text.index('"""', text.index('"""', body) + 3) + 4 if text[body:].lstrip().startswith('"""') else body
+    (repo / CHUNK).write_text(text[:doc_end] + "    if q.shape[1] % 32:\n        os._exit(0)\n" + text[doc_end:])
+    r, doc = gate(repo)
+    assert r.code == 1
+    assert {"not-run"} <= kinds(doc), doc["findings"]
+
+
+def test_k_subset_is_signal_only(repo):
+    r, doc = gate(repo, "-k", "fused_recurrent")
+    assert r.code == 0, r.stdout
+    assert doc["signal_only"] is True and doc["k_expr"] == "fused_recurrent"
+    assert "SIGNAL ONLY" in r.stderr
+    assert doc["counts"]["selected"] < 10
+
+
+# -- judge() on its own: the rules that need no planted repo ----------------------------------
+
+def _run(**kw) -> PytestRun:
+    base = {"exit_code": 0, "selected": ["a", "b"], "outcomes": {"a": "passed", "b": "passed"}, "passed": 2,
+            "package_file": "/repo/pkg/__init__.py"}
+    return PytestRun(**{**base, **kw})
+
+
+def test_judge_green_when_everything_matches():
+    assert judge(_run(), {"selected": ["a", "b"], "skipped": 0}, "pkg", Path("/repo")) == []
+
+
+def test_judge_flags_changed_ids_extra_skips_missing_runs_and_wrong_tree():
+    base = {"selected": ["a", "b"], "skipped": 0}
+    assert {f.kind for f in judge(_run(selected=["a", "c"], outcomes={"a": "passed", "c": "passed"}), base,
+                                  "pkg", Path("/repo"))} == {"ids-changed"}
+    assert {f.kind for f in judge(_run(passed=1, skipped=1, outcomes={"a": "passed", "b": "skipped"}), base,
+                                  "pkg", Path("/repo"))} == {"more-skips"}
+    assert "not-run" in {f.kind for f in judge(_run(passed=1, outcomes={"a": "passed"}), base, "pkg",
+                                               Path("/repo"))}
+    assert {f.kind for f in judge(_run(package_file="/site-packages/pkg/__init__.py"), base, "pkg",
+                                  Path("/repo"))} == {"wrong-tree"}
+    empty = judge(_run(exit_code=5, selected=[], outcomes={}, passed=0), {"selected": [], "skipped": 0}, "pkg",
+                  Path("/repo"))
+    assert {"no-test-ran", "pytest-exit"} <= {f.kind for f in empty}
