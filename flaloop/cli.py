@@ -364,6 +364,19 @@ def verify_cmd(
     raise typer.Exit(_bench_exit(record))
 
 
+@app.command("demo")
+@command
+def demo_cmd(
+    keep: Annotated[str | None, typer.Option("--keep", help="Keep the scratch repo under this directory.")] = None,
+) -> None:
+    """Run the whole loop on the bundled example (examples/minifla) in a scratch git repo."""
+    from pathlib import Path
+
+    from flaloop.demo import run_demo
+
+    run_demo(out, Path(keep).resolve() if keep else None)
+
+
 def main() -> None:
     # Ctrl-C and SIGTERM unwind the same way, so worktrees and workers are always cleaned up.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -62,8 +62,8 @@ def run_demo(console: Console, keep: Path | None = None) -> Path | None:
         _sh(console, repo, ["init", OP, "--target", "1.1x", "--shapes", TINY])
         _sh(console, repo, ["gate", OP])
 
-        console.print("\n[bold]Plant a kernel bug:[/] the forward kernel skips the store of the last "
-                      "partial chunk; NaN poisoning must catch it.", markup=True)
+        console.print("\n[bold]Plant a kernel bug:[/] the forward kernel skips the store of its last "
+                      "chunk; NaN poisoning must catch it.", markup=True)
         chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"
         original = chunk.read_text()
         plant_unwritten_tail(chunk)
@@ -73,8 +73,7 @@ def run_demo(console: Console, keep: Path | None = None) -> Path | None:
         console.print("\n[bold]Loosen the test's tolerance:[/] the frozen set catches it.", markup=True)
         test = repo / "tests" / "ops" / "test_linear_attn.py"
         test_original = test.read_text()
-        test.write_text(test_original.replace("assert_close(", "assert_close(  # loosened\n    ", 1)
-                        .replace("1e-", "1e+", 1) if "1e-" in test_original else test_original + "\n# edited\n")
+        _replace(test, "torch.float32: 0.005,", "torch.float32: 0.5,")
         _sh(console, repo, ["gate", OP], expect=1)
         test.write_text(test_original)
 
@@ -92,14 +91,5 @@ def run_demo(console: Console, keep: Path | None = None) -> Path | None:
 
 
 def plant_unwritten_tail(chunk: Path) -> None:
-    """Make the forward kernel skip storing its last partial chunk (see examples/minifla)."""
-    text = chunk.read_text()
-    marker = "# flaloop-demo: output store"
-    if marker not in text:
-        raise UsageError(f"demo: {chunk} has no '{marker}' line to plant the bug at")
-    lines = text.splitlines(keepends=True)
-    i = next(n for n, line in enumerate(lines) if marker in line)
-    indent = lines[i + 1][: len(lines[i + 1]) - len(lines[i + 1].lstrip())]
-    lines.insert(i + 1, f"{indent}if i_t < NT - 1:  # planted: the tail chunk is never stored\n")
-    lines[i + 2] = "    " + lines[i + 2]
-    chunk.write_text("".join(lines))
+    """Make the forward kernel skip storing its last chunk (see examples/minifla)."""
+    _replace(chunk, "mask=m_t[:, None] & m_v[None, :])", "mask=m_t[:, None] & m_v[None, :] & (i_t < NT - 1))")

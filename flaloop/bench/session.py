@@ -427,7 +427,7 @@ class Session:
                         e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
                         e["host_ms"] += r["host_ms"]
                         e["wall_ms"] += r["wall_ms"]
-            res.status = "ok" if len(res.kept) >= 2 else "failed"
+            res.status = "ok" if len(res.kept) >= 6 else "failed"
             if res.status == "failed":
                 res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
         except WorkerFailed as exc:
