@@ -205,8 +205,9 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
 
 def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, max_pairs: int,
                   cell_seconds: float, half_width: float, margin: float, device: str, dtype: str,
-                  inputs: list[str] | None, diff_tol: float) -> session_mod.BenchConfig:
+                  inputs: list[str] | None, diff_tol: float, worker_timeout: float) -> session_mod.BenchConfig:
     return session_mod.BenchConfig(
+        setup_timeout=worker_timeout, sample_timeout=min(worker_timeout, 300.0),
         modes=[m for m in (modes.split(",") if modes else c.modes) if m], aa=aa, varlen=varlen,
         min_pairs=min_pairs, max_pairs=max_pairs, cell_seconds=cell_seconds, half_width=half_width / 100,
         margin=margin / 100, device=device, dtype=dtype, diff_tol=diff_tol,
@@ -304,13 +305,14 @@ def bench_cmd(
     dtype: Annotated[str, typer.Option(help="Input dtype.")] = "bfloat16",
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None,
     diff_tol: Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")] = 0.005,
+    worker_timeout: Annotated[float, typer.Option(help="Seconds a worker may take to answer (compile included).")] = 1800.0,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     cfg = _bench_config(modes, c, aa, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol)
+                        dtype, inputs, diff_tol, worker_timeout)
     record = _run_bench(target, c, base, shapes, cfg, _human(as_json), gate=None)
     if as_json:
         print(json.dumps({"ok": True, **record}, default=str))
@@ -335,6 +337,7 @@ def verify_cmd(
     dtype: Annotated[str, typer.Option(help="Input dtype.")] = "bfloat16",
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None,
     diff_tol: Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")] = 0.005,
+    worker_timeout: Annotated[float, typer.Option(help="Seconds a worker may take to answer (compile included).")] = 1800.0,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Gate first, then the paired benchmark; never a benchmark on a red gate."""
@@ -342,7 +345,7 @@ def verify_cmd(
     c = contract_mod.Contract.load(target, op)
     console = _human(as_json)
     cfg = _bench_config(modes, c, False, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol)
+                        dtype, inputs, diff_tol, worker_timeout)
     gate_dict = None
     if no_gate:
         console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
@@ -377,9 +380,16 @@ def demo_cmd(
     run_demo(out, Path(keep).resolve() if keep else None)
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     # Ctrl-C and SIGTERM unwind the same way, so worktrees and workers are always cleaned up.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # SIGINT is re-armed explicitly: a parent that ignores it (a background job of a script, an
+    # xdist worker) would otherwise leave us deaf to the interrupt it forwards.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
     app(prog_name="flaloop")
 
 

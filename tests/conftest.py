@@ -87,3 +87,158 @@ def edit(path: Path, old: str, new: str, count: int = 1) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not found in {path}"
     path.write_text(text.replace(old, new, count))
+
+
+# -- a pure-torch toy target: fast enough to benchmark many times on a CPU ----------------------
+
+TOY_REGISTRY = '''
+from dataclasses import dataclass, field
+
+import torch
+
+
+def shape_BTHD(B, T, H, D, **kw):
+    return (B, T, H, D)
+
+
+def neg_abs(t):
+    return -t.abs() - 0.1
+
+
+@dataclass
+class TensorSpec:
+    shape_fn: object
+    requires_grad: bool = True
+    dtype: str = 'default'
+    transform: object = None
+
+
+@dataclass
+class OpConfig:
+    name: str
+    import_path: str
+    inputs: dict
+    func_name: str = None
+    extra_kwargs: dict = field(default_factory=dict)
+    output_is_tuple: bool = True
+    skip_backward: bool = False
+    post_init: object = None
+    category: str = ''
+    dim_constraints: dict = None
+    default_shapes: dict = None
+    test_file: str = None
+    backend_env: dict = None
+
+
+SHAPE_CONFIGS = {
+    'B2_T64_H2_D16': {'B': 2, 'T': 64, 'H': 2, 'D': 16},
+    'B1_T128_H2_D32': {'B': 1, 'T': 128, 'H': 2, 'D': 32},
+}
+_REGISTRY = {}
+
+
+def register_op(config):
+    _REGISTRY[config.name] = config
+
+
+def get_op(name):
+    return _REGISTRY[name]
+
+
+def list_ops():
+    return sorted(_REGISTRY)
+
+
+register_op(OpConfig(
+    name='toy_attn', import_path='toyop.ops.toy',
+    inputs={'q': TensorSpec(shape_BTHD), 'k': TensorSpec(shape_BTHD), 'v': TensorSpec(shape_BTHD)},
+))
+register_op(OpConfig(
+    name='toy_log', import_path='toyop.ops.toy', func_name='toy_log',
+    inputs={'q': TensorSpec(shape_BTHD, transform=neg_abs)}, test_file='tests/ops/test_toy.py',
+))
+'''
+
+TOY_FAST = '''import torch
+
+
+def toy_attn(q, k, v, scale=None, cu_seqlens=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    a = torch.einsum('bthd,bshd->bhts', q.float(), k.float()) * scale
+    a = a.tril()
+    o = torch.einsum('bhts,bshd->bthd', a, v.float())
+    return o.to(q.dtype), None
+
+
+def toy_log(q):
+    return (q.float().log() + 1).to(q.dtype), None
+'''
+
+TOY_NAIVE = '''import torch
+
+
+def naive_toy_attn(q, k, v, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    T = q.shape[1]
+    o = torch.zeros_like(q, dtype=torch.float32)
+    for t in range(T):
+        w = (q[:, t:t + 1].float() * k[:, :t + 1].float()).sum(-1, keepdim=True) * scale
+        o[:, t] = (w * v[:, :t + 1].float()).sum(1)
+    return o.to(q.dtype), None
+'''
+
+TOY_TEST = '''import pytest
+import torch
+
+from toyop.ops.toy import toy_attn
+from toyop.ops.toy.naive import naive_toy_attn
+
+
+@pytest.mark.parametrize('T', [5, 17])
+def test_toy(T):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, T, 2, 8) for _ in range(3))
+    torch.testing.assert_close(toy_attn(q, k, v)[0], naive_toy_attn(q, k, v)[0], rtol=1e-4, atol=1e-4)
+'''
+
+
+def make_toy_repo(dest: Path) -> Path:
+    files = {
+        "benchmarks/ops/registry.py": TOY_REGISTRY,
+        "toyop/__init__.py": "",
+        "toyop/ops/__init__.py": "",
+        "toyop/ops/toy/__init__.py": "from .fast import toy_attn, toy_log\n",
+        "toyop/ops/toy/fast.py": TOY_FAST,
+        "toyop/ops/toy/naive.py": TOY_NAIVE,
+        "tests/conftest.py": "",
+        "tests/ops/test_toy.py": TOY_TEST,
+    }
+    for rel, text in files.items():
+        p = dest / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "base")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def prepared_toy(tmp_path_factory) -> Path:
+    repo = make_toy_repo(tmp_path_factory.mktemp("toy") / "toy")
+    for op in ("toy_attn", "toy_log"):
+        r = flaloop(repo, "init", op, "--shapes", "B2_T64_H2_D16", "--modes", "fwd,fwdbwd")
+        assert r.code == 0, r.stderr
+    return repo
+
+
+@pytest.fixture
+def toy(prepared_toy, tmp_path) -> Path:
+    dest = tmp_path / "toy"
+    shutil.copytree(prepared_toy, dest, symlinks=True)
+    return dest
+
+
+def worktrees(repo: Path) -> list[str]:
+    return [line.split(" ", 1)[1] for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+            if line.startswith("worktree ")]

@@ -106,7 +106,9 @@ class Worker:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in close()
         cmd = [python, "-u", str(WORKER), "--tree", str(tree), "--registry", str(registry), "--op", op,
-               "--side", side, "--device", device, "--workdir", str(log_path.parent)]
+               "--side", side, "--workdir", str(log_path.parent)]
+        if device != "auto":
+            cmd += ["--device", device]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, bufsize=1, cwd=tree, env=env, start_new_session=True)
         self._replies: queue.Queue = queue.Queue()
@@ -161,7 +163,7 @@ class Worker:
             try:
                 self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")  # type: ignore[union-attr]
                 self.proc.stdin.flush()  # type: ignore[union-attr]
-                self.proc.wait(timeout=15)
+                self.proc.wait(timeout=3)  # an idle worker quits at once; a busy one is killed
             except (OSError, subprocess.TimeoutExpired):
                 pass
         _kill_group(self.proc)
@@ -326,13 +328,20 @@ class Session:
             self.on_event("warm", cell=res.cell.id, index=i, total=len(self.results))
             try:
                 self._warm(res)
+                self._release(res)
             except WorkerFailed as exc:
                 self._side_died(exc)
                 return
-            finally:
-                for side, w in self.workers.items():
-                    if not w.dead:
-                        self._ask(side, "release", 120, cell=res.cell.id)
+
+    def _release(self, res: CellResult) -> None:
+        """Free a cell's tensors and graphs on both sides (not on the way out of an interrupt:
+        a busy worker would keep us waiting, and close() kills it anyway)."""
+        for w in self.workers.values():
+            if not w.dead:
+                try:
+                    w.request("release", 120, cell=res.cell.id)
+                except WorkerFailed as exc:
+                    self._side_died(exc)
 
     def _warm(self, res: CellResult) -> None:
         base = self._setup(res, "base", None, "auto")
@@ -396,52 +405,51 @@ class Session:
 
     def _measure(self, res: CellResult) -> None:
         t0 = time.monotonic()
-        rule = stats.CIHalfWidthStop(target=self.cfg.half_width, min_pairs=self.cfg.min_pairs,
-                                     max_pairs=self.cfg.max_pairs, max_seconds=self.cfg.cell_seconds)
         try:
-            for side in ("base", "cand"):
-                r = self._setup(res, side, res.k, "eager" if res.timer == "cuda_eager" else "auto")
-                if not r.get("ok"):
-                    return self._fail(res, side, r)
-            while True:
-                order = "AB" if len(res.pairs) % 2 == 0 else "BA"
-                before = self._clock()
-                t = {}
-                for side in (("base", "cand") if order == "AB" else ("cand", "base")):
-                    r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1)
-                    if not r.get("ok"):
-                        return self._fail(res, side, r)
-                    t[side] = r["times_ms"][0]
-                after = self._clock()
-                res.pairs.append(Pair(order, t["base"], t["cand"], before and before.to_dict(),
-                                      after and after.to_dict(), self._drop_reason(before, after)))
-                r_kept = res.log_ratios()
-                self.on_event("pair", cell=res.cell.id, n=len(res.pairs), kept=len(r_kept))
-                if rule.enough(r_kept, time.monotonic() - t0) or len(res.pairs) >= 3 * self.cfg.max_pairs:
-                    res.stop_reason = rule.reason
-                    break
-            for i in range(self.cfg.n_eager):
-                for side in (("base", "cand") if i % 2 == 0 else ("cand", "base")):
-                    r = self._ask(side, "eager", self.cfg.sample_timeout, cell=res.cell.id, n=1)
-                    if r.get("ok"):
-                        e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
-                        e["host_ms"] += r["host_ms"]
-                        e["wall_ms"] += r["wall_ms"]
-            res.status = "ok" if len(res.kept) >= 6 else "failed"
-            if res.status == "failed":
-                res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
+            self._sample_cell(res, t0)
         except WorkerFailed as exc:
             self._side_died(exc)
             if res.status == "pending":
                 res.status, res.reason = "failed", exc.message
+        else:
+            self._release(res)
         finally:
             res.seconds = time.monotonic() - t0
-            for w in self.workers.values():
-                if not w.dead:
-                    try:
-                        w.request("release", 120, cell=res.cell.id)
-                    except WorkerFailed as exc:
-                        self._side_died(exc)
+
+    def _sample_cell(self, res: CellResult, t0: float) -> None:
+        rule = stats.CIHalfWidthStop(target=self.cfg.half_width, min_pairs=self.cfg.min_pairs,
+                                     max_pairs=self.cfg.max_pairs, max_seconds=self.cfg.cell_seconds)
+        for side in ("base", "cand"):
+            r = self._setup(res, side, res.k, "eager" if res.timer == "cuda_eager" else "auto")
+            if not r.get("ok"):
+                return self._fail(res, side, r)
+        while True:
+            order = "AB" if len(res.pairs) % 2 == 0 else "BA"
+            before = self._clock()
+            t = {}
+            for side in (("base", "cand") if order == "AB" else ("cand", "base")):
+                r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1)
+                if not r.get("ok"):
+                    return self._fail(res, side, r)
+                t[side] = r["times_ms"][0]
+            after = self._clock()
+            res.pairs.append(Pair(order, t["base"], t["cand"], before and before.to_dict(),
+                                  after and after.to_dict(), self._drop_reason(before, after)))
+            r_kept = res.log_ratios()
+            self.on_event("pair", cell=res.cell.id, n=len(res.pairs), kept=len(r_kept))
+            if rule.enough(r_kept, time.monotonic() - t0) or len(res.pairs) >= 3 * self.cfg.max_pairs:
+                res.stop_reason = rule.reason
+                break
+        for i in range(self.cfg.n_eager):
+            for side in (("base", "cand") if i % 2 == 0 else ("cand", "base")):
+                r = self._ask(side, "eager", self.cfg.sample_timeout, cell=res.cell.id, n=1)
+                if r.get("ok"):
+                    e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
+                    e["host_ms"] += r["host_ms"]
+                    e["wall_ms"] += r["wall_ms"]
+        res.status = "ok" if len(res.kept) >= 6 else "failed"
+        if res.status == "failed":
+            res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
 
     def _drop_reason(self, before: ClockReading | None, after: ClockReading | None) -> str | None:
         for r in (before, after):
@@ -522,7 +530,7 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
         interrupted = True
         raise
     finally:
-        summary = analyse(session.results, cfg.margin, cfg.seed) if any(r.pairs for r in session.results) else None
+        summary = analyse(session.results, cfg.margin, cfg.seed)
         record = {
             "kind": "bench", "schema": 1, "op": contract.op, "created": stamp, "command": command,
             "aa": cfg.aa, "base": {"ref": base_ref or contract.base_ref, "commit": base_commit},

@@ -1,0 +1,144 @@
+"""`flaloop bench` and `flaloop verify` as a user meets them, on the CPU timer: real git
+worktrees, real worker processes, real pipes. Speed is not asserted; outcomes are."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import OP, edit, flaloop, worktrees
+
+FAST = Path("toyop/ops/toy/fast.py")
+QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30"]
+
+
+def bench(repo: Path, *args: str, op: str = "toy_attn", env: dict | None = None):
+    r = flaloop(repo, "bench", op, "--json", *QUICK, *args, env=env)
+    return r, (json.loads(r.stdout) if r.stdout.strip() else {})
+
+
+def test_aa_measures_every_cell_in_abba_pairs_and_cleans_up(toy):
+    r, rec = bench(toy, "--aa")
+    assert r.code == 0, r.stderr
+    assert rec["aa"] is True and len(rec["cells"]) == 2  # one shape x fwd, fwdbwd
+    for cell in rec["cells"]:
+        assert cell["status"] == "ok", cell["reason"]
+        assert cell["timer"] == "cpu"
+        orders = [p["order"] for p in cell["pairs"]]
+        assert orders[:4] == ["AB", "BA", "AB", "BA"]
+        assert cell["diff"]["match"] is True
+        assert set(cell["summary"]["base"]) >= {"median", "mean", "std", "min", "p10", "p90", "n"}
+        assert cell["verdict"] in {"SAME", "UNSURE", "FASTER", "SLOWER"}
+    assert rec["summary"]["geomean"]["n_cells"] == 2
+    assert Path(rec["path"]).is_file()
+    saved = json.loads(Path(rec["path"]).read_text())
+    assert saved["cells"][0]["pairs"][0]["base_ms"] > 0
+    assert worktrees(toy) == [str(toy)]
+
+
+def test_base_runs_base_code_and_a_wrong_candidate_is_blocked(toy):
+    edit(toy / FAST, "return o.to(q.dtype), None", "return (o * 1.5).to(q.dtype), None")
+    r, rec = bench(toy)
+    assert r.code == 1, r.stderr
+    hello = rec["workers"]
+    assert hello["cand"]["op_module_file"].startswith(str(toy))
+    assert "flaloop-wt-" in hello["base"]["op_module_file"]
+    assert rec["candidate"]["dirty"] is True and rec["candidate"]["diff_hash"]
+    for cell in rec["cells"]:
+        assert cell["status"] == "blocked" and "differs from base" in cell["reason"]
+        assert cell["pairs"] == []
+    assert worktrees(toy) == [str(toy)]
+
+
+def test_candidate_producing_nan_is_blocked(toy):
+    edit(toy / FAST, "a = a.tril()", "a = a.tril() * float('nan')")
+    r, rec = bench(toy, "--modes", "fwd")
+    assert r.code == 1
+    cell = rec["cells"][0]
+    assert cell["status"] == "blocked"
+    assert any(t["nonfinite_self"] for t in cell["diff"]["tensors"].values())
+
+
+def test_inputs_outside_the_domain_are_refused_and_an_override_fixes_them(toy):
+    r, rec = bench(toy, "--modes", "fwd", op="toy_log")
+    assert r.code == 3  # nothing measured
+    cell = rec["cells"][0]
+    assert cell["status"] == "refused" and "outside the op's domain" in cell["reason"]
+    r, rec = bench(toy, "--modes", "fwd", "--input", "q=sigmoid", op="toy_log")
+    assert r.code == 0, r.stderr
+    assert rec["cells"][0]["status"] == "ok" and rec["config"]["overrides"] == {"q": "sigmoid"}
+
+
+def test_crashed_worker_leaves_a_readable_report(toy):
+    edit(toy / FAST, "    scale = q.shape", "    import os, sys\n    print('candidate kernel exploded', file=sys.stderr)\n"
+         "    os._exit(7)\n    scale = q.shape")
+    r, rec = bench(toy, "--modes", "fwd")
+    assert r.code == 3
+    assert rec["cells"][0]["status"] == "failed"
+    assert any("candidate kernel exploded" in e for e in rec["errors"])
+    assert "cand worker" in rec["cells"][0]["reason"]
+    human = flaloop(toy, "bench", "toy_attn", *QUICK, "--modes", "fwd")
+    assert human.code == 3 and "candidate kernel exploded" in human.stdout
+    assert worktrees(toy) == [str(toy)]
+
+
+def test_hung_worker_times_out_and_is_reported(toy):
+    edit(toy / FAST, "    scale = q.shape", "    import time\n    time.sleep(120)\n    scale = q.shape")
+    t0 = time.monotonic()
+    r, rec = bench(toy, "--modes", "fwd", "--worker-timeout", "8")
+    assert r.code == 3
+    assert time.monotonic() - t0 < 100
+    assert "hung" in rec["cells"][0]["reason"]
+    assert worktrees(toy) == [str(toy)]
+
+
+def test_ctrl_c_removes_the_worktree_and_the_workers(toy):
+    edit(toy / FAST, "    scale = q.shape", "    import time\n    time.sleep(120)\n    scale = q.shape")
+    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "bench", "toy_attn", *QUICK], cwd=toy,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TRITON_INTERPRET": "1"})
+    deadline = time.monotonic() + 60
+    while len(worktrees(toy)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    wt = [w for w in worktrees(toy) if w != str(toy)]
+    assert wt, "the base worktree never appeared"
+    time.sleep(3)  # let the workers start and block inside the op
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert worktrees(toy) == [str(toy)]
+    assert not Path(wt[0]).exists() and not Path(wt[0]).parent.exists()
+    leftover = subprocess.run(["pgrep", "-f", f"worker.py --tree {wt[0]}"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+
+
+def test_verify_never_benchmarks_on_a_red_gate(toy):
+    (toy / "toyop/ops/toy/naive.py").write_text((toy / "toyop/ops/toy/naive.py").read_text() + "\n# x\n")
+    r = flaloop(toy, "verify", "toy_attn", "--json", *QUICK)
+    assert r.code == 1
+    doc = json.loads(r.stdout)
+    assert doc["gate"]["green"] is False and doc["bench"] is None
+
+
+def test_verify_with_no_gate_is_loudly_unverified(toy):
+    r = flaloop(toy, "verify", "toy_attn", "--no-gate", *QUICK, "--modes", "fwd")
+    assert r.code == 0, r.stderr
+    assert "UNVERIFIED" in r.stdout and "--no-gate" in r.stdout
+    r = flaloop(toy, "verify", "toy_attn", "--no-gate", "--json", *QUICK, "--modes", "fwd")
+    assert json.loads(r.stdout)["bench"]["unverified"] is True
+
+
+def test_verify_gate_then_bench_on_the_triton_example(repo):
+    r = flaloop(repo, "verify", OP, "--json", *QUICK, "--modes", "fwd", "--dtype", "float32")
+    assert r.code == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["gate"]["green"] is True
+    cell = doc["bench"]["cells"][0]
+    assert cell["status"] == "ok" and cell["diff"]["match"] is True
+    assert doc["bench"]["workers"]["base"]["op_func_file"].endswith("minifla/ops/linear_attn/chunk.py")

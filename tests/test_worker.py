@@ -1,0 +1,551 @@
+"""Tests of flaloop/bench/worker.py driven through its pipes, as the orchestrator does.
+
+A tiny fake target (a registry in FLA's interface and a pure-torch op package) is written to tmp
+dirs; the worker runs in this interpreter (which has torch) on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip('torch')
+
+WORKER = Path(__file__).resolve().parents[1] / 'flaloop' / 'bench' / 'worker.py'
+TIMEOUT_S = 60
+
+REGISTRY = '''
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def shape_BTHD(B, T, H, D, **kw):
+    return (B, T, H, D)
+
+
+def shape_BTH(B, T, H, D, **kw):
+    return (B, T, H)
+
+
+@dataclass
+class TensorSpec:
+    shape_fn: Callable
+    requires_grad: bool = True
+    dtype: str = 'default'
+    transform: Callable | None = None
+
+
+@dataclass
+class OpConfig:
+    name: str
+    import_path: str
+    inputs: dict
+    func_name: str | None = None
+    extra_kwargs: dict = field(default_factory=dict)
+    output_is_tuple: bool = True
+    skip_backward: bool = False
+    post_init: Callable | None = None
+    category: str = ''
+    dim_constraints: dict | None = None
+    default_shapes: dict | None = None
+    test_file: str | None = None
+    backend_env: dict | None = None
+
+
+_REGISTRY = {}
+
+
+def register_op(config):
+    _REGISTRY[config.name] = config
+
+
+def get_op(name):
+    if name not in _REGISTRY:
+        raise KeyError(f"Op '{name}' not registered. Available: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def list_ops():
+    return sorted(_REGISTRY)
+
+
+def _post(inputs, B, T, H, D, **kw):
+    inputs['g'] = (torch.rand_like(inputs['g']) - 2.0).requires_grad_(True)
+
+
+_qkv = {'q': TensorSpec(shape_BTHD), 'k': TensorSpec(shape_BTHD), 'v': TensorSpec(shape_BTHD)}
+
+register_op(OpConfig(name='toy_op', import_path='toyop.ops.scale', inputs=dict(_qkv),
+                     extra_kwargs={'scale': 0.5}))
+register_op(OpConfig(name='toy_gate', import_path='toyop.ops.scale', func_name='toy_gate',
+                     inputs={**_qkv, 'g': TensorSpec(shape_BTH, transform=F.logsigmoid)},
+                     post_init=_post))
+register_op(OpConfig(name='toy_ident', import_path='toyop.ops.scale', output_is_tuple=False,
+                     inputs={'x': TensorSpec(shape_BTHD, requires_grad=False)}))
+register_op(OpConfig(name='toy_varlen', import_path='toyop.ops.scale', inputs={'x': TensorSpec(shape_BTHD)}))
+register_op(OpConfig(name='toy_nobwd', import_path='toyop.ops.scale', func_name='toy_ident',
+                     output_is_tuple=False, skip_backward=True, dim_constraints={'D': [4, 8]},
+                     inputs={'x': TensorSpec(shape_BTHD, requires_grad=False)}))
+'''
+
+OP = '''
+import os
+
+import torch
+
+FACTOR = 1.0
+NAN = False
+EXTRA = False
+
+
+def toy_op(q, k, v, scale=None, cu_seqlens=None):
+    print('noise from toy_op on stdout')   # must not break the protocol
+    os.write(1, b'raw fd-1 noise\\n')
+    o = (q * k).sum(-1, keepdim=True) * v * (scale if scale is not None else 1.0) * FACTOR
+    if NAN:
+        o = o.clone()
+        o.view(-1)[0] = float('nan')
+    if EXTRA:
+        return o, None, o.sum()
+    return o, None
+
+
+def toy_gate(q, k, v, g, cu_seqlens=None):
+    return (q * k).sum(-1, keepdim=True) * v * g.exp().unsqueeze(-1), None
+
+
+def toy_ident(x):
+    return x.clone()
+
+
+def toy_varlen(x, cu_seqlens: torch.LongTensor | None = None):
+    assert cu_seqlens is not None
+    return x * 2.0, cu_seqlens.clone()
+'''
+
+
+def make_tree(root: Path, **consts) -> Path:
+    """A fake target tree: benchmarks/ops/registry.py and the package toyop.ops.scale."""
+    (root / 'benchmarks' / 'ops').mkdir(parents=True)
+    (root / 'benchmarks' / 'ops' / 'registry.py').write_text(REGISTRY)
+    pkg = root / 'toyop' / 'ops' / 'scale'
+    pkg.mkdir(parents=True)
+    (root / 'toyop' / '__init__.py').write_text('')
+    (root / 'toyop' / 'ops' / '__init__.py').write_text('')
+    src = OP
+    for name, value in consts.items():
+        src = src.replace(f'{name} = ', f'{name} = {value!r}  # was ', 1)
+    (pkg / '__init__.py').write_text(src)
+    return root
+
+
+class Worker:
+    """Drive one worker subprocess through its pipes."""
+
+    def __init__(self, tree: Path, op: str, side: str, workdir: Path | None = None, device: str = 'cpu'):
+        registry = tree / 'benchmarks' / 'ops' / 'registry.py'
+        self.errpath = tree / f'worker-{side}-{op}-{device}.err'
+        self.err = open(self.errpath, 'w')
+        cmd = [sys.executable, '-u', str(WORKER), '--tree', str(tree), '--registry', str(registry),
+               '--op', op, '--side', side, '--device', device]
+        if workdir is not None:
+            cmd += ['--workdir', str(workdir)]
+        env = dict(os.environ, OMP_NUM_THREADS='1')
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+                                  text=True, bufsize=1, env=env)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.n = 0
+
+    def _pump(self):
+        for line in self.p.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def stderr(self) -> str:
+        self.err.flush()
+        return self.errpath.read_text()[-4000:]
+
+    def raw(self, text: str) -> dict:
+        self.p.stdin.write(text)
+        self.p.stdin.flush()
+        try:
+            line = self.lines.get(timeout=TIMEOUT_S)
+        except queue.Empty:
+            raise AssertionError(f'no reply to {text!r}; stderr:\n{self.stderr()}') from None
+        assert line is not None, f'worker closed stdout; stderr:\n{self.stderr()}'
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise AssertionError(f'protocol line is not JSON: {line!r}') from None
+
+    def req(self, cmd: str, **kw) -> dict:
+        self.n += 1
+        reply = self.raw(json.dumps({'cmd': cmd, 'id': self.n, **kw}) + '\n')
+        assert reply.get('id') == self.n, reply
+        return reply
+
+    def ok(self, cmd: str, **kw) -> dict:
+        reply = self.req(cmd, **kw)
+        assert reply['ok'] is True, f"{reply.get('error')}\n{reply.get('traceback')}\nstderr:\n{self.stderr()}"
+        return reply
+
+    def close(self):
+        if self.p.poll() is None:
+            try:
+                if not self.p.stdin.closed:
+                    self.p.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.p.wait(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.err.close()
+
+
+def cell(cid='c', mode='fwd', dtype='float32', seed=0, shape=None, **kw) -> dict:
+    c = {'id': cid, 'shape': shape or {'B': 2, 'T': 8, 'H': 2, 'D': 4}, 'mode': mode, 'dtype': dtype,
+         'seed': seed, 'overrides': {}, 'seqlens': None, 'k': None, 'timer': 'auto', 'min_sample_ms': 0.2}
+    c.update(kw)
+    return c
+
+
+@pytest.fixture(scope='module')
+def trees(tmp_path_factory):
+    root = tmp_path_factory.mktemp('trees')
+    return {
+        'base': make_tree(root / 'base'),
+        'cand': make_tree(root / 'cand'),
+        'off': make_tree(root / 'off', FACTOR=1.01, EXTRA=True),
+        'nan': make_tree(root / 'nan', NAN=True),
+    }
+
+
+@pytest.fixture(scope='module')
+def workers(trees):
+    started = {}
+
+    def get(tree: str, op: str = 'toy_op', side: str | None = None) -> Worker:
+        key = (tree, op)
+        if key not in started:
+            started[key] = Worker(trees[tree], op, side or ('base' if tree == 'base' else 'cand'))
+        return started[key]
+
+    # start the processes together: their torch imports overlap
+    for key in [('base', 'toy_op'), ('cand', 'toy_op'), ('off', 'toy_op'), ('nan', 'toy_op'),
+                ('base', 'toy_ident'), ('base', 'toy_varlen'), ('base', 'toy_gate'), ('cand', 'toy_gate'),
+                ('base', 'toy_nobwd')]:
+        get(*key)
+    yield get
+    for w in started.values():  # EOF to all first: they exit in parallel
+        w.p.stdin.close()
+    for w in started.values():
+        w.close()
+        assert w.p.returncode == 0, w.stderr()
+
+
+def test_hello_reports_op_inside_tree(workers, trees):
+    w = workers('base')
+    r = w.ok('hello')
+    tree = os.path.realpath(trees['base'])
+    assert r['side'] == 'base'
+    assert r['op_module_file'].startswith(tree + os.sep), r
+    assert r['op_func_file'].startswith(tree + os.sep), r
+    assert r['op_func_file'].endswith(os.path.join('toyop', 'ops', 'scale', '__init__.py'))
+    assert r['device'] == 'cpu' and r['device_uuid'] is None
+    assert r['torch'] == torch.__version__ and r['python'] and r['pid'] == w.p.pid
+    cand = workers('cand').ok('hello')
+    assert cand['side'] == 'cand'
+    assert cand['op_module_file'].startswith(os.path.realpath(trees['cand']) + os.sep)
+
+
+@pytest.mark.parametrize('mode', ['fwd', 'fwdbwd'])
+def test_identical_trees_dump_identically_and_compare_exact(workers, tmp_path, mode):
+    base, cand = workers('base'), workers('cand')
+    c = cell(f'same-{mode}', mode=mode, seed=3)
+    rb, rc = base.ok('setup', cell=c), cand.ok('setup', cell=c)
+    for r in (rb, rc):
+        assert r['timer'] == 'cpu' and r['n_sets'] == 1 and r['k'] >= 1
+        assert r['capture_error'] is None and r['graph_bitwise_equal'] is None
+    expected = {'out0': 0} if mode == 'fwd' else {'out0': 0, 'grad_q': 0, 'grad_k': 0, 'grad_v': 0}
+    assert rb['nonfinite'] == expected
+    # q, k, v (+ do) of 2*8*2*4 float32
+    assert rb['set_bytes'] == 512 * (3 if mode == 'fwd' else 4)
+    db = base.ok('dump', cell=c['id'], path=str(tmp_path / 'base.pt'))
+    dc = cand.ok('dump', cell=c['id'], path=str(tmp_path / 'cand.pt'))
+    assert db['names'] == list(expected) == dc['names']
+    assert db['shapes']['out0'] == [2, 8, 2, 4]
+    tb, tc = torch.load(tmp_path / 'base.pt'), torch.load(tmp_path / 'cand.pt')
+    for name in expected:
+        assert torch.equal(tb[name], tc[name]), name  # same seed -> same inputs on both sides
+        assert tb[name].abs().sum() > 0
+    r = cand.ok('compare', cell=c['id'], ref=str(tmp_path / 'base.pt'), tol=1e-6)
+    assert r['match'] is True
+    assert all(t['rel_rms'] == 0.0 and t['max_abs'] == 0.0 for t in r['tensors'].values()), r
+
+
+def test_seed_changes_inputs(workers, tmp_path):
+    base = workers('base')
+    base.ok('setup', cell=cell('s0', seed=0))
+    base.ok('setup', cell=cell('s1', seed=1))
+    base.ok('dump', cell='s0', path=str(tmp_path / 's0.pt'))
+    r = base.ok('compare', cell='s1', ref=str(tmp_path / 's0.pt'), tol=1e-3)
+    assert r['match'] is False and r['tensors']['out0']['rel_rms'] > 0.1
+
+
+def test_different_candidate_mismatches_without_crash(workers, tmp_path):
+    base, off = workers('base'), workers('off')
+    c = cell('diff', seed=5)
+    base.ok('setup', cell=c)
+    off.ok('setup', cell=c)
+    base.ok('dump', cell='diff', path=str(tmp_path / 'ref.pt'))
+    r = off.ok('compare', cell='diff', ref=str(tmp_path / 'ref.pt'), tol=1e-3)
+    assert r['match'] is False
+    assert r['tensors']['out0']['rel_rms'] == pytest.approx(0.01, rel=1e-3)
+    assert r['tensors']['out0']['match'] is False
+    # the extra output exists only on this side: a name mismatch, reported, not a crash
+    assert r['tensors']['out2']['missing'] == 'ref' and r['tensors']['out2']['match'] is False
+    # and the other way round
+    off.ok('dump', cell='diff', path=str(tmp_path / 'off.pt'))
+    r = base.ok('compare', cell='diff', ref=str(tmp_path / 'off.pt'), tol=1.0)
+    assert r['match'] is False and r['tensors']['out2']['missing'] == 'self'
+    assert r['tensors']['out0']['match'] is True
+
+
+def test_shape_mismatch_is_a_mismatch(workers, tmp_path):
+    base = workers('base')
+    base.ok('setup', cell=cell('small'))
+    base.ok('setup', cell=cell('big', shape={'B': 1, 'T': 5, 'H': 2, 'D': 4}))
+    base.ok('dump', cell='small', path=str(tmp_path / 'small.pt'))
+    r = base.ok('compare', cell='big', ref=str(tmp_path / 'small.pt'), tol=1.0)
+    assert r['match'] is False
+    t = r['tensors']['out0']
+    assert t['shape'] == [1, 5, 2, 4] and t['shape_ref'] == [2, 8, 2, 4] and t['rel_rms'] is None
+
+
+def test_nan_candidate_reports_nonfinite(workers, tmp_path):
+    base, nan = workers('base'), workers('nan')
+    c = cell('nan', mode='fwdbwd')
+    r = nan.ok('setup', cell=c)
+    assert r['nonfinite']['out0'] == 1
+    base.ok('setup', cell=c)
+    base.ok('dump', cell='nan', path=str(tmp_path / 'ref.pt'))
+    d = nan.ok('dump', cell='nan', path=str(tmp_path / 'nan.pt'))
+    assert d['nonfinite']['out0'] == 1
+    r = nan.ok('compare', cell='nan', ref=str(tmp_path / 'ref.pt'), tol=1.0)
+    assert r['match'] is False
+    assert r['tensors']['out0']['nonfinite_self'] == 1 and r['tensors']['out0']['nonfinite_ref'] == 0
+    r = base.ok('compare', cell='nan', ref=str(tmp_path / 'nan.pt'), tol=1.0)
+    assert r['match'] is False and r['tensors']['out0']['nonfinite_ref'] == 1
+    assert json.dumps(r, allow_nan=False)  # strict JSON: no NaN leaked into the reply
+
+
+def test_sample_and_eager_times(workers):
+    base = workers('base')
+    r = base.ok('setup', cell=cell('t', mode='fwdbwd', k=3, n_sets=2))
+    assert r['k'] == 3 and r['n_sets'] == 2 and r['timer'] == 'cpu'
+    s = base.ok('sample', cell='t', n=4)
+    assert len(s['times_ms']) == 4 and all(t > 0 for t in s['times_ms'])
+    e = base.ok('eager', cell='t', n=3)
+    assert len(e['host_ms']) == 3 and len(e['wall_ms']) == 3
+    assert all(h > 0 and w >= h for h, w in zip(e["host_ms"], e["wall_ms"], strict=True))
+    assert base.ok('sample', cell='t')['times_ms'][0] > 0  # n defaults to 1
+    # calibration: k chosen from min_sample_ms, capped at 256
+    r = base.ok('setup', cell=cell('cal', min_sample_ms=1e6))
+    assert r['k'] == 256
+    assert base.ok('release', cell='cal')['released'] is True
+    assert base.req('sample', cell='cal')['ok'] is False
+
+
+def test_input_sets_differ(workers, tmp_path):
+    ident = workers('base', 'toy_ident')
+    ident.ok('setup', cell=cell('one', seed=7))
+    ident.ok('setup', cell=cell('two', seed=7, n_sets=2))
+    ident.ok('dump', cell='one', path=str(tmp_path / 'one.pt'))
+    ident.ok('dump', cell='two', path=str(tmp_path / 'two.pt'))
+    a, b = torch.load(tmp_path / 'one.pt'), torch.load(tmp_path / 'two.pt')
+    assert torch.equal(a['out0'], b['out0'])  # set 0 does not depend on n_sets
+    assert (a['out0'] != 0).all()  # never zeros
+
+
+def test_l2norm_override_gives_unit_rows(workers, tmp_path):
+    ident = workers('base', 'toy_ident')
+    ident.ok('setup', cell=cell('l2', overrides={'x': 'l2norm'}, shape={'B': 1, 'T': 6, 'H': 3, 'D': 16}))
+    ident.ok('dump', cell='l2', path=str(tmp_path / 'l2.pt'))
+    x = torch.load(tmp_path / 'l2.pt')['out0']
+    assert x.shape == (1, 6, 3, 16)
+    torch.testing.assert_close(x.norm(dim=-1), torch.ones(1, 6, 3), rtol=1e-5, atol=1e-5)
+    ident.ok('setup', cell=cell('sig', overrides={'x': 'sigmoid'}))
+    ident.ok('dump', cell='sig', path=str(tmp_path / 'sig.pt'))
+    x = torch.load(tmp_path / 'sig.pt')['out0']
+    assert ((x > 0) & (x < 1)).all()
+
+
+def test_registry_transform_and_post_init_are_deterministic(workers, tmp_path):
+    base, cand = workers('base', 'toy_gate'), workers('cand', 'toy_gate')
+    c = cell('gate', mode='fwdbwd', dtype='bfloat16', seed=11, n_sets=2)
+    rb = base.ok('setup', cell=c)
+    assert set(rb['nonfinite']) == {'out0', 'grad_q', 'grad_k', 'grad_v', 'grad_g'}
+    cand.ok('setup', cell=c)
+    base.ok('dump', cell='gate', path=str(tmp_path / 'gate.pt'))
+    r = cand.ok('compare', cell='gate', ref=str(tmp_path / 'gate.pt'), tol=0.0)
+    assert r['match'] is True, r
+    assert torch.load(tmp_path / 'gate.pt')['out0'].dtype == torch.bfloat16
+
+
+def test_errors_keep_the_worker_answering(workers):
+    base = workers('base')
+    r = base.req('setup', cell=cell('bad', overrides={'q': 'cube'}))
+    assert r['ok'] is False and 'l2norm' in r['error'] and r['traceback']
+    r = base.req('frobnicate')
+    assert r['ok'] is False and 'frobnicate' in r['error']
+    r = base.req('setup', cell=cell('bad', overrides={'nope': 'identity'}))
+    assert r['ok'] is False
+    r = base.req('setup', cell=cell('bad', dtype='float64'))
+    assert r['ok'] is False
+    r = base.raw('this is not json\n')
+    assert r['ok'] is False and 'bad request' in r['error']
+    r = base.req('dump', cell='never-set-up', path='/nonexistent/x.pt')
+    assert r['ok'] is False and 'never-set-up' in r['error']
+    assert base.ok('hello')['side'] == 'base'
+
+
+def test_skips(workers):
+    nobwd = workers('base', 'toy_nobwd')
+    r = nobwd.req('setup', cell=cell('b', mode='fwdbwd'))
+    assert r['ok'] is False and r['error'].startswith('skip:') and r['skip'] is True
+    r = nobwd.req('setup', cell=cell('d', shape={'B': 1, 'T': 4, 'H': 1, 'D': 16}))
+    assert r['ok'] is False and r['error'].startswith('skip:') and 'D' in r['error']
+    nobwd.ok('setup', cell=cell('fine'))
+    r = nobwd.req('setup', cell=cell('v', seqlens=[2, 3], shape={'B': 1, 'H': 1, 'D': 4}))
+    assert r['ok'] is False and r['error'] == 'skip: op takes no cu_seqlens'
+
+
+def test_varlen_passes_cu_seqlens(workers, tmp_path):
+    w = workers('base', 'toy_varlen')
+    c = cell('vl', mode='fwdbwd', seqlens=[3, 5, 1], shape={'B': 1, 'H': 2, 'D': 4})
+    r = w.ok('setup', cell=c)
+    assert r['extra_kwargs'] == ['cu_seqlens']
+    d = w.ok('dump', cell='vl', path=str(tmp_path / 'vl.pt'))
+    assert d['shapes']['out0'] == [1, 9, 2, 4]
+    t = torch.load(tmp_path / 'vl.pt')
+    assert t['out1'].tolist() == [0, 3, 8, 9] and t['out1'].dtype == torch.long
+    assert 'grad_x' in t
+    r = w.req('setup', cell=cell('vl2', seqlens=[3, 5], shape={'B': 2, 'H': 2, 'D': 4}))
+    assert r['ok'] is False and 'B' in r['error']
+
+
+def test_stdout_noise_does_not_break_protocol(workers):
+    # toy_op prints on sys.stdout and writes to fd 1 on every call; every reply so far parsed as JSON,
+    # so here check the noise went to stderr
+    base = workers('base')
+    base.ok('setup', cell=cell('noise'))
+    base.ok('sample', cell='noise', n=2)
+    err = base.stderr()
+    assert 'noise from toy_op on stdout' in err and 'raw fd-1 noise' in err
+
+
+def test_eof_and_quit_exit_zero(trees, tmp_path):
+    w = Worker(trees['base'], 'toy_op', 'base', workdir=tmp_path / 'wd')
+    q = Worker(trees['cand'], 'toy_op', 'cand', workdir=tmp_path / 'wd')
+    try:
+        w.p.stdin.close()
+        assert w.p.wait(timeout=TIMEOUT_S) == 0, w.stderr()
+        r = q.req('quit')
+        assert r['ok'] is True
+        assert q.p.wait(timeout=TIMEOUT_S) == 0, q.stderr()
+    finally:
+        w.close()
+        q.close()
+
+
+def test_init_error_is_reported_not_fatal(trees, tmp_path):
+    w = Worker(trees['base'], 'no_such_op', 'base', workdir=tmp_path)
+    try:
+        r = w.req('hello')
+        assert r['ok'] is False and 'no_such_op' in r['error'] and 'toy_op' in r['traceback']
+        assert w.req('quit')['ok'] is True
+        assert w.p.wait(timeout=TIMEOUT_S) == 0
+    finally:
+        w.close()
+
+
+def test_worker_imports_nothing_of_flaloop():
+    src = WORKER.read_text()
+    assert 'import flaloop' not in src and 'from flaloop' not in src
+    # importing the module does no work (no torch import at import time)
+    code = ('import importlib.util, sys; s = importlib.util.spec_from_file_location("w", sys.argv[1]); '
+            'm = importlib.util.module_from_spec(s); s.loader.exec_module(m); print("torch" in sys.modules)')
+    out = subprocess.run([sys.executable, '-c', code, str(WORKER)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == 'False'
+
+
+# ---------------------------------------------------------------------------
+# GPU only
+# ---------------------------------------------------------------------------
+
+GPU_OP_EXTRA = '''
+
+def toy_sync(q, k, v, scale=None):
+    s = float((q * k).sum().item())      # host sync: not capturable
+    return (q * k).sum(-1, keepdim=True) * v * (1.0 + 0.0 * s), None
+'''
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_graph_timer_and_proof(tmp_path):
+    tree = make_tree(tmp_path / 'gpu')
+    src = tree / 'toyop' / 'ops' / 'scale' / '__init__.py'
+    src.write_text(src.read_text() + GPU_OP_EXTRA)
+    reg = tree / 'benchmarks' / 'ops' / 'registry.py'
+    reg.write_text(reg.read_text() + "\nregister_op(OpConfig(name='toy_sync', import_path='toyop.ops.scale', "
+                   'inputs=dict(_qkv)))\n')
+    w = Worker(tree, 'toy_op', 'base', device='cuda')
+    s = Worker(tree, 'toy_sync', 'base', device='cuda')
+    try:
+        h = w.ok('hello')
+        assert h['device'] == 'cuda' and h['l2_bytes'] and h['device_uuid']
+        shape = {'B': 2, 'T': 256, 'H': 4, 'D': 64}
+        for mode in ('fwd', 'fwdbwd'):
+            r = w.ok('setup', cell=cell(mode, mode=mode, dtype='bfloat16', shape=shape))
+            assert r['timer'] == 'cuda_graph', r
+            assert r['capture_error'] is None and r['graph_bitwise_equal'] is True
+            assert 1 <= r['n_sets'] <= 4 and 1 <= r['k'] <= 256
+            t = w.ok('sample', cell=mode, n=3)['times_ms']
+            assert all(x > 0 for x in t)
+            e = w.ok('eager', cell=mode, n=2)
+            assert all(0 < h <= wl for h, wl in zip(e["host_ms"], e["wall_ms"], strict=True))
+            w.ok('dump', cell=mode, path=str(tmp_path / f'{mode}.pt'))
+            assert w.ok('compare', cell=mode, ref=str(tmp_path / f'{mode}.pt'), tol=1e-2)['match'] is True
+            w.ok('release', cell=mode)
+        r = w.ok('setup', cell=cell('eager', mode='fwdbwd', dtype='bfloat16', shape=shape, timer='eager', k=4))
+        assert r['timer'] == 'cuda_eager' and r['k'] == 4 and r['capture_error'] is None
+        r = s.ok('setup', cell=cell('sync', mode='fwdbwd', dtype='bfloat16', shape=shape))
+        assert r['timer'] == 'cuda_eager' and r['capture_error'], r
+        assert all(x > 0 for x in s.ok('sample', cell='sync', n=2)['times_ms'])
+    finally:
+        w.close()
+        s.close()
+
+
+def test_fixture_trees_differ(trees):
+    # guard against the constant patching in make_tree silently doing nothing
+    src = (trees['off'] / 'toyop' / 'ops' / 'scale' / '__init__.py').read_text()
+    assert 'FACTOR = 1.01' in src and 'EXTRA = True' in src
