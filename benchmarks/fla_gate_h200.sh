@@ -19,7 +19,8 @@ python3 -m flaloop list --repo "$FLA" | tee "$OUT/list.txt"
 python3 -m flaloop init "$OP" --repo "$FLA" --target 1.1x --input k=l2norm | tee "$OUT/init.txt"
 for phase in cold warm; do
   start=$(date +%s.%N)
-  python3 -m flaloop gate "$OP" --repo "$FLA" --json > "$OUT/gate_$phase.json" 2> "$OUT/gate_$phase.err"
+  python3 -m flaloop gate "$OP" --repo "$FLA" --json --timeout "${GATE_TIMEOUT:-900}" \
+    > "$OUT/gate_$phase.json" 2> "$OUT/gate_$phase.err"
   rc=$?
   end=$(date +%s.%N)
   python3 - "$OUT/gate_$phase.json" "$phase" "$rc" "$start" "$end" <<'PY' | tee -a "$OUT/summary.txt"

@@ -500,6 +500,7 @@ class Cell:
         s.nbytes = _nbytes(s.kwargs) + (_nbytes(s.do) if s.do is not None else 0)
 
     def build(self) -> dict:
+        t_setup = time.perf_counter()
         self._check()
         varlen_kw = self._varlen_kwargs()
         self.extra_kwarg_names = sorted(varlen_kw)
@@ -521,21 +522,18 @@ class Cell:
 
         nonfinite = {name: _nonfinite(t) for name, t in self.results(self.sets[0]).items()}
 
-        if self.k is None:
-            self.per_call_ms_estimate = self._estimate_per_call_ms()
-            k = math.ceil(self.min_sample_ms / max(self.per_call_ms_estimate, 1e-6))
-            self.k = int(min(max(k, 1), MAX_K))
-        else:
+        if self.k is not None:
             self.k = int(self.k)
             if self.k < 1:
                 raise ValueError(f'k must be >= 1, got {self.k}')
-
         if not self.is_cuda:
             self.timer = 'cpu'
         elif self.timer_req == 'eager':
             self.timer = 'cuda_eager'
         else:
-            self.timer = self._try_graph()
+            self.timer = self._try_graph()  # calibrates k (graph or eager) when None
+        if self.k is None:
+            self._calibrate_k_eager()
 
         return {
             'cell': self.id,
@@ -547,6 +545,7 @@ class Cell:
             'capture_error': self.capture_error,
             'graph_bitwise_equal': self.graph_bitwise_equal,
             'warmup_s': warmup_s,
+            'setup_s': time.perf_counter() - t_setup,
             'mode': self.mode,
             'dtype': str(self.dtype).replace('torch.', ''),
             'shape': self.shape,
@@ -606,6 +605,14 @@ class Cell:
         if self.is_cuda:
             torch.cuda.synchronize()
 
+    def _set_k(self, per_call_ms: float) -> None:
+        self.per_call_ms_estimate = per_call_ms
+        k = math.ceil(self.min_sample_ms / max(per_call_ms, 1e-6))
+        self.k = int(min(max(k, 1), MAX_K))
+
+    def _calibrate_k_eager(self) -> None:
+        self._set_k(self._estimate_per_call_ms())
+
     def _estimate_per_call_ms(self) -> float:
         m = max(self.n_sets, 2)
 
@@ -627,7 +634,9 @@ class Cell:
     def _try_graph(self) -> str:
         """Capture and prove a CUDA graph; on any failure fall back to the eager timer (capture_error set)."""
         try:
-            graph, static = self._capture()
+            if self.k is None:
+                self._calibrate_k_with_graph()
+            graph, static = self._capture(self.k)
             self.graph_bitwise_equal = self._prove(graph, static)
             self.graph, self.static = graph, static
             return 'cuda_graph'
@@ -648,10 +657,22 @@ class Cell:
             pass
         # eager must still work after the failed capture (raises if the context is broken)
         self.results(self.sets[0])
+        if self.k is None:
+            self._calibrate_k_eager()
         return 'cuda_eager'
 
-    def _capture(self):
-        """Capture k calls (cycling sets) into one CUDAGraph.
+    def _calibrate_k_with_graph(self) -> None:
+        """k from the device time of a probe graph of n_sets calls (eager timing would be host-bound)."""
+        probe, probe_static = self._capture(self.n_sets)
+        times = []
+        for _ in range(3):
+            self.w.flush_l2()
+            times.append(_cuda_time_ms(probe.replay) / self.n_sets)
+        del probe, probe_static
+        self._set_k(sorted(times)[1])
+
+    def _capture(self, m: int):
+        """Capture m calls (cycling sets) into one CUDAGraph.
 
         Keeps the outputs (and grads) of the last captured call on each set as the static tensors
         the proof checks; the pool memory of earlier calls is recycled within the capture.
@@ -661,7 +682,7 @@ class Cell:
         graph = torch.cuda.CUDAGraph()
         static: dict[int, dict] = {}
         with torch.cuda.graph(graph):
-            for j in range(self.k):
+            for j in range(m):
                 s = self.sets[j % n]
                 static.pop(s.index, None)
                 out = self.call(s)  # fwdbwd: leaf.grad=None first, so backward allocates from the graph pool

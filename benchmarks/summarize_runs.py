@@ -1,0 +1,42 @@
+"""Print the figures of flaloop bench/verify JSON outputs: per cell the bias or speedup with its
+CI, verdict, pairs and GPU seconds; per run the geomean. Usage: summarize_runs.py FILE..."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def summarize(path: str) -> None:
+    try:
+        doc = json.load(open(path))
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"{path}: no result ({exc})")
+        return
+    rec = doc.get("bench", doc) if "bench" in doc else doc
+    if not rec or "cells" not in rec:
+        print(f"{path}: no bench record: {doc.get('error') or (doc.get('gate') or {}).get('findings')}")
+        return
+    env = rec.get("env") or {}
+    print(f"== {path}: {'A/A' if rec.get('aa') else 'candidate vs base'} on {env.get('device_name')} "
+          f"(torch {env.get('torch')}, triton {env.get('triton')}), wall {rec.get('wall_s')}s")
+    for c in rec["cells"]:
+        est = c.get("estimate")
+        if est:
+            bias = (1 / est["speedup"] - 1) * 100  # + means candidate slower
+            ci = f"[{(1 / est['ci_high'] - 1) * 100:+.3f}%, {(1 / est['ci_low'] - 1) * 100:+.3f}%]"
+            med = (c.get("summary") or {}).get("base", {}).get("median")
+            print(f"  {c['cell']['id']:<34} {c['timer']:<10} base {med:.4f} ms  cand-vs-base {bias:+.3f}% {ci} "
+                  f"{c['verdict']:<7} pairs {len(c['pairs']) - c['dropped_pairs']}/{len(c['pairs'])} "
+                  f"gpu-s {c['seconds']:.1f}  launch-bound {c.get('launch_bound')}")
+        else:
+            print(f"  {c['cell']['id']:<34} {c['status'].upper()}: {c.get('reason', '')[:160]}")
+    g = (rec.get("summary") or {}).get("geomean")
+    if g:
+        print(f"  geomean speedup {g['speedup']:.5f} [{g['ci_low']:.5f}, {g['ci_high']:.5f}] "
+              f"regressions {g['n_regressions']}")
+
+
+if __name__ == "__main__":
+    for p in sys.argv[1:]:
+        summarize(p)
