@@ -187,9 +187,10 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
                       f"{len(n.selected)} selected, {n.ran} ran; pytest exit {n.exit_code}; "
                       f"{n.junit_time:.1f}s in pytest, {r.wall_s:.1f}s wall")
     if r.baseline:
-        cached = " (cached)" if r.baseline.get("cached") else ""
+        how = {"collect": "collected, skip markers evaluated", "full": "full run"}.get(r.baseline.get("kind"), "")
+        cached = ", cached" if r.baseline.get("cached") else ""
         console.print(f"  base {r.base_commit[:12]}: {len(r.baseline['selected'])} selected, "
-                      f"{r.baseline['skipped']} skipped{cached}")
+                      f"{r.baseline['skipped']} skipped ({how}{cached})")
     tree = r.tree
     console.print(f"  tree: {tree['head'][:12]}{' + uncommitted ' + str(tree['diff_hash']) if tree['dirty'] else ''}")
     for f in r.findings:
@@ -205,8 +206,10 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
 
 def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, max_pairs: int,
                   cell_seconds: float, half_width: float, margin: float, device: str, dtype: str,
-                  inputs: list[str] | None, diff_tol: float, worker_timeout: float) -> session_mod.BenchConfig:
+                  inputs: list[str] | None, diff_tol: float, worker_timeout: float,
+                  sample_ms: float) -> session_mod.BenchConfig:
     return session_mod.BenchConfig(
+        min_sample_ms=sample_ms,
         setup_timeout=worker_timeout, sample_timeout=min(worker_timeout, 300.0),
         modes=[m for m in (modes.split(",") if modes else c.modes) if m], aa=aa, varlen=varlen,
         min_pairs=min_pairs, max_pairs=max_pairs, cell_seconds=cell_seconds, half_width=half_width / 100,
@@ -306,13 +309,14 @@ def bench_cmd(
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None,
     diff_tol: Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")] = 0.005,
     worker_timeout: Annotated[float, typer.Option(help="Seconds a worker may take to answer (compile included).")] = 1800.0,
+    sample_ms: Annotated[float, typer.Option(help="Calibrate k so one timed sample lasts this long.")] = 10.0,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     cfg = _bench_config(modes, c, aa, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol, worker_timeout)
+                        dtype, inputs, diff_tol, worker_timeout, sample_ms)
     record = _run_bench(target, c, base, shapes, cfg, _human(as_json), gate=None)
     if as_json:
         print(json.dumps({"ok": True, **record}, default=str))
@@ -338,6 +342,7 @@ def verify_cmd(
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None,
     diff_tol: Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")] = 0.005,
     worker_timeout: Annotated[float, typer.Option(help="Seconds a worker may take to answer (compile included).")] = 1800.0,
+    sample_ms: Annotated[float, typer.Option(help="Calibrate k so one timed sample lasts this long.")] = 10.0,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Gate first, then the paired benchmark; never a benchmark on a red gate."""
@@ -345,7 +350,7 @@ def verify_cmd(
     c = contract_mod.Contract.load(target, op)
     console = _human(as_json)
     cfg = _bench_config(modes, c, False, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol, worker_timeout)
+                        dtype, inputs, diff_tol, worker_timeout, sample_ms)
     gate_dict = None
     if no_gate:
         console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "

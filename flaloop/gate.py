@@ -15,8 +15,10 @@ The tree is run through a symlink in a neutral temp dir: FLA's conftest stops Na
 for any frame whose file path contains `tests/` or `test_`, so a checkout living under such a
 path would silently switch the poisoning off.
 
-The baseline (ids and skip count at the base commit) is one real run of the same test file in
-a worktree of the base, cached per base commit, selection and interpreter.
+The baseline (ids and skip count at the base commit) comes from a collect-only run of the same
+test file in a worktree of the base, its skip markers evaluated as pytest would; only when the
+candidate skips more than that does the gate also run the whole file at the base. Both are
+cached per base commit, selection and interpreter.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class PytestRun:
     package_file: str | None = None
     env_inside: dict[str, str] = field(default_factory=dict)
     junit_ids: list[str] = field(default_factory=list)
+    marker_skips: list[str] | None = None
     log_tail: str = ""
 
     @property
@@ -158,7 +161,8 @@ def _read_events(path: Path) -> list[dict]:
 
 def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, env: dict[str, str],
                package: str, watch: tuple[str, ...], log_path: Path,
-               progress: Progress | None = None, timeout: float | None = None) -> PytestRun:
+               progress: Progress | None = None, timeout: float | None = None,
+               collect_only: bool = False) -> PytestRun:
     """Run the test file of `tree` via a neutral symlink; collect junit, events and the log."""
     tmp = git.neutral_tempdir("flaloop-gate-")
     try:
@@ -170,10 +174,12 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                "--color=no"]
         if k_expr:
             cmd += ["-k", k_expr]
+        if collect_only:
+            cmd += ["--collect-only", "-q"]
         pypath = [str(link), str(PLUGIN_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         run_env = {**env, "PYTHONPATH": os.pathsep.join(pypath), "FLALOOP_GATE_EVENTS": str(events),
                    "FLALOOP_GATE_PACKAGE": package, "FLALOOP_GATE_WATCH_ENV": ",".join(watch),
-                   "PYTHONUNBUFFERED": "1"}
+                   "PYTHONUNBUFFERED": "1", "FLALOOP_GATE_MARKER_SKIPS": "1" if collect_only else "0"}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(log_path, "w") as log:
@@ -196,7 +202,8 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
             package_file = str(tree / package_file[len(f"{link}/"):])
         run = PytestRun(exit_code=proc.returncode, selected=collected.get("ids", []), outcomes=outcomes,
                         wall_s=wall, package_file=package_file,
-                        env_inside={**collected.get("env", {}), **finish.get("env", {})})
+                        env_inside={**collected.get("env", {}), **finish.get("env", {})},
+                        marker_skips=collected.get("marker_skips"))
         if junit.exists():
             counts, run.junit_time, run.junit_ids = parse_junit(junit)
             run.failed, run.errors, run.skipped = counts["failures"], counts["errors"], counts["skipped"]
@@ -257,30 +264,42 @@ def _tail(path: Path, n: int = 60) -> str:
 
 # -- baseline at the base commit ----------------------------------------------------------------
 
-def _baseline_key(contract: Contract, k_expr: str | None, python: str) -> str:
-    h = hashlib.sha256(json.dumps([contract.base_commit, contract.test_file, k_expr, python]).encode())
-    return f"{contract.base_commit[:12]}-{h.hexdigest()[:10]}"
+def _baseline_key(contract: Contract, k_expr: str | None, python: str, kind: str) -> str:
+    h = hashlib.sha256(json.dumps([contract.base_commit, contract.test_file, k_expr, python, kind]).encode())
+    return f"{contract.base_commit[:12]}-{kind}-{h.hexdigest()[:10]}"
 
 
 def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dict[str, str],
              watch: tuple[str, ...], progress: Progress | None = None,
-             timeout: float | None = None) -> dict:
-    """Selected ids and skip count of the test file at the base commit (cached)."""
-    cache = target.workspace(contract.op) / "gate" / f"baseline-{_baseline_key(contract, k_expr, target.python)}.json"
+             timeout: float | None = None, kind: str = "collect") -> dict:
+    """Selected ids and skip count of the test file at the base commit (cached per base commit).
+
+    kind "collect": a collect-only run; skips are those its skip/skipif markers declare. Seconds,
+    even where running the file takes many minutes (FLA on a cold GPU).
+    kind "full": the whole file run at the base; every skip counted, also those a test body or
+    fixture decides at run time. The gate asks for it only when the candidate skipped more than
+    the markers explain.
+    """
+    key = _baseline_key(contract, k_expr, target.python, kind)
+    cache = target.workspace(contract.op) / "gate" / f"baseline-{key}.json"
     if cache.exists():
         return {**json.loads(cache.read_text()), "cached": True}
     package = contract.import_path.split(".")[0]
     with git.worktree(target.root, contract.base_commit, "base") as wt:
         run = run_pytest(target.python, wt, contract.test_file, k_expr=k_expr, env=env, package=package,
-                         watch=watch, log_path=cache.with_suffix(".log"), progress=progress, timeout=timeout)
-    if run.exit_code not in (0, 1) or not run.selected:
+                         watch=watch, log_path=cache.with_suffix(".log"), progress=progress, timeout=timeout,
+                         collect_only=kind == "collect")
+    ok_codes = (0,) if kind == "collect" else (0, 1)
+    if run.exit_code not in ok_codes or not run.selected or (kind == "collect" and run.marker_skips is None):
         raise UsageError(
-            f"the base {contract.base_commit[:12]} could not run {contract.test_file} "
-            f"(pytest exit {run.exit_code}, {len(run.selected)} selected): no baseline to compare with",
+            f"the base {contract.base_commit[:12]} could not {'collect' if kind == 'collect' else 'run'} "
+            f"{contract.test_file} (pytest exit {run.exit_code}, {len(run.selected)} selected): "
+            "no baseline to compare with",
             f"read {cache.with_suffix('.log')}\n{run.log_tail[-1500:]}",
         )
-    data = {"base_commit": contract.base_commit, "k_expr": k_expr, "python": target.python,
-            "selected": run.selected, "skipped": run.skipped, "failed": run.failed, "errors": run.errors,
+    skipped = len(run.marker_skips or []) if kind == "collect" else run.skipped
+    data = {"kind": kind, "base_commit": contract.base_commit, "k_expr": k_expr, "python": target.python,
+            "selected": run.selected, "skipped": skipped, "failed": run.failed, "errors": run.errors,
             "passed": run.passed, "wall_s": round(run.wall_s, 2)}
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(data, indent=1))
@@ -350,6 +369,11 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
         run = run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env,
                          package=contract.import_path.split(".")[0], watch=watch, log_path=log_path,
                          progress=progress, timeout=timeout)
+        if run.skipped > base["skipped"] and run.exit_code is not None and run.exit_code >= 0:
+            # More skips than the base's markers declare: only a full run at the base can say
+            # whether the base skipped them too (a test body may call pytest.skip itself).
+            base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress,
+                            timeout=timeout, kind="full")
         findings += judge(run, base, contract.import_path.split(".")[0], target.root)
     result = GateResult(op=contract.op, test_file=contract.test_file, k_expr=k_expr, green=not findings,
                         findings=findings, stripped_env=stripped, tree=tree, base_commit=contract.base_commit,

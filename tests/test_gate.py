@@ -17,8 +17,8 @@ REF = Path("minifla/ops/linear_attn/fused_recurrent.py")
 CONFTEST = Path("tests/conftest.py")
 
 
-def gate(repo: Path, *args: str, env: dict | None = None):
-    r = flaloop(repo, "gate", OP, "--json", *args, env=env)
+def gate(repo: Path, *args: str, env: dict | None = None, op: str = OP):
+    r = flaloop(repo, "gate", op, "--json", *args, env=env)
     return r, json.loads(r.stdout)
 
 
@@ -33,6 +33,7 @@ def test_untouched_example_is_green(repo):
     counts = doc["counts"]
     assert counts["failed"] == 0 and counts["passed"] > 0 and counts["ran"] == counts["selected"]
     assert doc["signal_only"] is False
+    assert doc["baseline"]["kind"] == "collect" and doc["baseline"]["cached"] is True
     last = json.loads((repo / "profile" / f"{OP}-opt" / "gate" / "last.json").read_text())
     assert last["green"] and last["tree"]["dirty"] is False
 
@@ -118,6 +119,7 @@ def test_kernel_that_skips_cases_is_red(repo):
                               + text[doc_end:])
     r, doc = gate(repo)
     assert r.code == 1 and "more-skips" in kinds(doc), doc["findings"]
+    assert doc["baseline"]["kind"] == "full"  # confirmed against a full run at the base
 
 
 def test_kernel_that_kills_pytest_midway_is_red(repo):
@@ -165,3 +167,18 @@ def test_judge_flags_changed_ids_extra_skips_missing_runs_and_wrong_tree():
     empty = judge(_run(exit_code=5, selected=[], outcomes={}, passed=0), {"selected": [], "skipped": 0}, "pkg",
                   Path("/repo"))
     assert {"no-test-ran", "pytest-exit"} <= {f.kind for f in empty}
+
+
+def test_skips_decided_in_the_test_body_at_the_base_are_not_held_against_the_candidate(toy):
+    # The base's own test calls pytest.skip at run time: the collect-only baseline cannot see
+    # it, so the gate runs the whole file at the base before judging, and stays green.
+    from conftest import git
+
+    test = toy / "tests/ops/test_toy.py"
+    test.write_text(test.read_text() + "\n\ndef test_runtime_skip():\n    pytest.skip('not on this machine')\n")
+    git(toy, "commit", "-qam", "a test that skips itself")
+    assert flaloop(toy, "init", "toy_attn", "--force").code == 0
+    r, doc = gate(toy, op="toy_attn")
+    assert r.code == 0, doc["findings"]
+    assert doc["baseline"]["kind"] == "full" and doc["baseline"]["skipped"] == 1
+    assert doc["counts"]["skipped"] == 1

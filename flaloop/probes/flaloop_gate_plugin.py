@@ -40,9 +40,32 @@ def _package_file() -> str | None:
     return f
 
 
+def _marker_skips(items) -> list[str] | None:
+    """Ids that skip/skipif markers will skip, evaluated the way pytest's setup would.
+
+    This lets a collect-only run at the base count its skips in seconds instead of running the
+    whole (on a cold GPU, many-minute) test file. None when pytest no longer offers the hook.
+    """
+    try:
+        from _pytest.skipping import evaluate_skip_marks
+    except ImportError:
+        return None
+    out = []
+    for item in items:
+        try:
+            if evaluate_skip_marks(item) is not None:
+                out.append(item.nodeid)
+        except Exception:  # noqa: BLE001 - a condition that errors here errors in the real run too
+            continue
+    return out
+
+
 def pytest_collection_finish(session):
-    _emit({"event": "collected", "ids": [item.nodeid for item in session.items],
-           "env": _weakening_env(), "package_file": _package_file()})
+    event = {"event": "collected", "ids": [item.nodeid for item in session.items],
+             "env": _weakening_env(), "package_file": _package_file()}
+    if os.environ.get("FLALOOP_GATE_MARKER_SKIPS") == "1":
+        event["marker_skips"] = _marker_skips(session.items)
+    _emit(event)
 
 
 def pytest_runtest_logreport(report):
