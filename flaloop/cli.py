@@ -243,11 +243,16 @@ def print_bench(record: dict, console: Console) -> None:
     env = record.get("env") or {}
     cand = record["candidate"]
     dirty = f"+dirty:{cand['diff_hash']}" if cand.get("dirty") else ""
-    console.print(f"{env.get('device_name') or env.get('device')} | driver {env.get('driver')} | CUDA {env.get('cuda')} "
-                  f"| torch {env.get('torch')} | triton {env.get('triton')} | base {record['base']['commit'][:12]} "
-                  f"| candidate {'A/A' if record['aa'] else cand['head'][:12] + dirty}")
+    parts = [env.get("device_name") or env.get("device") or "?"]
+    parts += [f"{k} {env[key]}" for k, key in (("driver", "driver"), ("CUDA", "cuda"), ("torch", "torch"),
+                                               ("triton", "triton")) if env.get(key)]
+    parts += [f"base {record['base']['commit'][:12]}", f"candidate {'A/A' if record['aa'] else cand['head'][:12] + dirty}"]
+    console.print(" | ".join(parts))
+    if env.get("nvml") not in (None, "ok", "no GPU"):
+        console.print(f"[yellow]no clock evidence: {env['nvml']}[/]", markup=True)
     if record.get("unverified"):
-        console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark[/]", markup=True)
+        console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark "
+                      "(`flaloop verify` runs the gate first)[/]", markup=True)
     table = Table(title=f"{record['op']}: candidate vs base (device time per call, ms)")
     for col in ("shape", "mode", "timer", "base", "cand", "speedup", "95% CI", "verdict", "pairs", "eager base",
                 "eager cand", "note"):
