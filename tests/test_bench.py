@@ -142,3 +142,44 @@ def test_verify_gate_then_bench_on_the_triton_example(repo):
     cell = doc["bench"]["cells"][0]
     assert cell["status"] == "ok" and cell["diff"]["match"] is True
     assert doc["bench"]["workers"]["base"]["op_func_file"].endswith("minifla/ops/linear_attn/chunk.py")
+
+
+def test_varlen_cells_pass_cu_seqlens(toy):
+    r, rec = bench(toy, "--aa", "--modes", "fwd", "--varlen")
+    assert r.code == 0, r.stderr
+    cells = {c["cell"]["shape_name"]: c for c in rec["cells"]}
+    varlen = cells["B2_T64_H2_D16_varlen4"]
+    assert varlen["status"] == "ok"
+    assert varlen["cell"]["shape"]["B"] == 1 and sum(varlen["cell"]["seqlens"]) == 128
+    assert "cu_seqlens" in varlen["setup"]["base"]["extra_kwargs"]
+
+
+def test_a_cell_that_fails_on_one_side_shows_as_failed_and_the_rest_is_measured(toy):
+    edit(toy / FAST, "    scale = q.shape", "    if q.shape[1] == 128:\n        raise ValueError('T=128 unsupported')\n"
+         "    scale = q.shape")
+    r, rec = bench(toy, "--modes", "fwd", "--shapes", "B2_T64_H2_D16", "--shapes", "B1_T128_H2_D32")
+    cells = {c["cell"]["shape_name"]: c for c in rec["cells"]}
+    assert cells["B1_T128_H2_D32"]["status"] == "failed"
+    assert "T=128 unsupported" in cells["B1_T128_H2_D32"]["reason"]
+    assert cells["B2_T64_H2_D16"]["status"] == "ok"
+    assert r.code == 0  # a verdict was delivered for what could be measured
+    human = flaloop(toy, "bench", "toy_attn", *QUICK, "--modes", "fwd", "--shapes", "B1_T128_H2_D32",
+                    "--shapes", "B2_T64_H2_D16")
+    assert "FAILED" in human.stdout and "T=128 unsupported" in human.stdout
+
+
+def test_pairs_below_the_clock_floor_or_throttled_are_dropped():
+    from flaloop.bench.session import BenchConfig, Session
+    from flaloop.evidence import ClockReading
+
+    s = Session(root=Path("."), python=sys.executable, op="x", registry_rel="r.py", base_commit="0" * 40,
+                cells=[], config=BenchConfig(), run_dir=Path("."))
+    full = ClockReading(1980, 1980, 3201, 0, 40, 300.0)
+    slow = ClockReading(1300, 1980, 3201, 0, 40, 300.0)
+    hot = ClockReading(1980, 1980, 3201, 0x20, 85, 700.0)  # SW thermal slowdown
+    idle_bit = ClockReading(1980, 1980, 3201, 0x1, 40, 300.0)  # "GPU idle" is not a throttle
+    assert s._drop_reason(full, full) is None
+    assert s._drop_reason(idle_bit, full) is None
+    assert "SM clock 1300 MHz" in s._drop_reason(full, slow)
+    assert "throttled" in s._drop_reason(hot, full)
+    assert s._drop_reason(None, None) is None  # CPU: no clock evidence, nothing dropped
