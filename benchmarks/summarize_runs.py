@@ -7,6 +7,11 @@ import json
 import sys
 
 
+def _warmup(cell: dict) -> float:
+    """Seconds both workers spent building inputs, compiling and autotuning this cell."""
+    return sum((cell.get("setup", {}).get(side) or {}).get("setup_s") or 0.0 for side in ("base", "cand"))
+
+
 def summarize(path: str) -> None:
     try:
         doc = json.load(open(path))
@@ -28,7 +33,7 @@ def summarize(path: str) -> None:
             med = (c.get("summary") or {}).get("base", {}).get("median")
             print(f"  {c['cell']['id']:<34} {c['timer']:<10} base {med:.4f} ms  cand-vs-base {bias:+.3f}% {ci} "
                   f"{c['verdict']:<7} pairs {len(c['pairs']) - c['dropped_pairs']}/{len(c['pairs'])} "
-                  f"gpu-s {c['seconds']:.1f}  launch-bound {c.get('launch_bound')}")
+                  f"sampling {c['seconds']:.1f}s warm-up {_warmup(c):.1f}s  launch-bound {c.get('launch_bound')}")
         else:
             print(f"  {c['cell']['id']:<34} {c['status'].upper()}: {c.get('reason', '')[:160]}")
     g = (rec.get("summary") or {}).get("geomean")

@@ -22,7 +22,7 @@ from rich.table import Table
 from flaloop import contract as contract_mod
 from flaloop import gate as gate_mod
 from flaloop.bench import session as session_mod
-from flaloop.errors import FlaloopError
+from flaloop.errors import FlaloopError, UsageError
 from flaloop.target import Target
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -34,6 +34,8 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.st
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="Target checkout (default: the git root of the cwd).")]
 PyOpt = Annotated[str | None, typer.Option("--python", help="Target's interpreter (default: this one).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for agents.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", help="Run the gate over N pytest-xdist workers.")]
+GpusOpt = Annotated[str | None, typer.Option("--gpus", help="With --workers: pin worker i to GPU i mod n, e.g. 0,1.")]
 
 
 def command(fn: Callable) -> Callable:
@@ -141,12 +143,13 @@ def gate_cmd(
     op: str,
     k_expr: Annotated[str | None, typer.Option("-k", help="pytest -k subset: a signal only, never a gate.")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Kill pytest after this many seconds.")] = None,
+    workers: WorkersOpt = 0, gpus: GpusOpt = None,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Run the op's frozen test file as a black box; exit 0 green, 1 red."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
-    result = run_gate_with_progress(target, c, k_expr, timeout, _human(as_json))
+    result = run_gate_with_progress(target, c, k_expr, timeout, _human(as_json), workers, _gpu_list(gpus))
     if as_json:
         print(json.dumps({"ok": True, **result.to_dict()}, default=str))
     else:
@@ -154,8 +157,16 @@ def gate_cmd(
     raise typer.Exit(0 if result.green else 1)
 
 
+def _gpu_list(gpus: str | None) -> list[str] | None:
+    items = [g.strip() for g in (gpus or "").split(",") if g.strip()]
+    bad = [g for g in items if not g.isdigit()]
+    if bad:
+        raise UsageError(f"--gpus {gpus!r}: {', '.join(bad)} is not a GPU index", "e.g. --gpus 0,1")
+    return items or None
+
+
 def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float | None,
-                           console: Console) -> gate_mod.GateResult:
+                           console: Console, workers: int = 0, gpus: list[str] | None = None) -> gate_mod.GateResult:
     _, stripped, _ = gate_mod.clean_env(target.extra_strip_env())
     for name, value in stripped.items():
         console.print(f"[yellow]removed {name}={value} from the gate's environment[/] "
@@ -174,7 +185,8 @@ def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float
             return update
 
         return gate_mod.run_gate(target, c, k_expr=k_expr, progress=updater("candidate"),
-                                 baseline_progress=updater(f"baseline at {c.base_commit[:8]}"), timeout=timeout)
+                                 baseline_progress=updater(f"baseline at {c.base_commit[:8]}"), timeout=timeout,
+                                 workers=workers, gpus=gpus)
 
 
 def print_gate(r: gate_mod.GateResult, console: Console) -> None:
@@ -208,6 +220,12 @@ def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, 
                   cell_seconds: float, half_width: float, margin: float, device: str, dtype: str,
                   inputs: list[str] | None, diff_tol: float, worker_timeout: float,
                   sample_ms: float) -> session_mod.BenchConfig:
+    if device not in ("auto", "cuda", "cpu"):
+        raise UsageError(f"--device {device!r} is not one of auto, cuda, cpu")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise UsageError(f"--dtype {dtype!r} is not one of bfloat16, float16, float32")
+    if min_pairs < 2 or max_pairs < min_pairs:
+        raise UsageError(f"--min-pairs {min_pairs} / --max-pairs {max_pairs}: need 2 <= min-pairs <= max-pairs")
     return session_mod.BenchConfig(
         min_sample_ms=sample_ms,
         setup_timeout=worker_timeout, sample_timeout=min(worker_timeout, 300.0),
@@ -296,6 +314,18 @@ def _bench_exit(record: dict) -> int:
 BaseOpt = Annotated[str | None, typer.Option("--base", help="Base git ref (default: the contract's base).")]
 ShapesOpt = Annotated[list[str] | None, typer.Option("--shapes", help="Shape names (default: the contract's).")]
 ModesOpt = Annotated[str | None, typer.Option("--modes", help="fwd,fwdbwd (default: the contract's).")]
+VarlenOpt = Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")]
+MinPairsOpt = Annotated[int, typer.Option(help="Pairs before the stopping rule may stop.")]
+MaxPairsOpt = Annotated[int, typer.Option(help="Most pairs per cell.")]
+CellSecondsOpt = Annotated[float, typer.Option(help="Time cap per cell.")]
+HalfWidthOpt = Annotated[float, typer.Option(help="Stop at this CI half-width, percent.")]
+MarginOpt = Annotated[float, typer.Option(help="SAME margin, percent.")]
+DeviceOpt = Annotated[str, typer.Option(help="auto, cuda or cpu.")]
+DtypeOpt = Annotated[str, typer.Option(help="Input dtype.")]
+InputsOpt = Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")]
+DiffTolOpt = Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")]
+WorkerTimeoutOpt = Annotated[float, typer.Option(help="Seconds a worker may take to answer (compile included).")]
+SampleMsOpt = Annotated[float, typer.Option(help="Calibrate k so one timed sample lasts this long.")]
 
 
 @app.command("bench")
@@ -303,18 +333,10 @@ ModesOpt = Annotated[str | None, typer.Option("--modes", help="fwd,fwdbwd (defau
 def bench_cmd(
     op: str, base: BaseOpt = None, shapes: ShapesOpt = None, modes: ModesOpt = None,
     aa: Annotated[bool, typer.Option("--aa", help="Base against itself: the self-check.")] = False,
-    varlen: Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")] = False,
-    min_pairs: Annotated[int, typer.Option(help="Pairs before the stopping rule may stop.")] = 16,
-    max_pairs: Annotated[int, typer.Option(help="Most pairs per cell.")] = 400,
-    cell_seconds: Annotated[float, typer.Option(help="Time cap per cell.")] = 60.0,
-    half_width: Annotated[float, typer.Option(help="Stop at this CI half-width, percent.")] = 0.25,
-    margin: Annotated[float, typer.Option(help="SAME margin, percent.")] = 0.5,
-    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="Input dtype.")] = "bfloat16",
-    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None,
-    diff_tol: Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")] = 0.005,
-    worker_timeout: Annotated[float, typer.Option(help="Seconds a worker may take to answer (compile included).")] = 1800.0,
-    sample_ms: Annotated[float, typer.Option(help="Calibrate k so one timed sample lasts this long.")] = 10.0,
+    varlen: VarlenOpt = False, min_pairs: MinPairsOpt = 16, max_pairs: MaxPairsOpt = 400,
+    cell_seconds: CellSecondsOpt = 60.0, half_width: HalfWidthOpt = 0.25, margin: MarginOpt = 0.5,
+    device: DeviceOpt = "auto", dtype: DtypeOpt = "bfloat16", inputs: InputsOpt = None,
+    diff_tol: DiffTolOpt = 0.005, worker_timeout: WorkerTimeoutOpt = 1800.0, sample_ms: SampleMsOpt = 10.0,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
@@ -336,18 +358,11 @@ def verify_cmd(
     op: str, base: BaseOpt = None, shapes: ShapesOpt = None, modes: ModesOpt = None,
     k_expr: Annotated[str | None, typer.Option("-k", help="Gate on a pytest -k subset (signal only).")] = None,
     no_gate: Annotated[bool, typer.Option("--no-gate", help="Skip the gate: the result is UNVERIFIED.")] = False,
-    varlen: Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")] = False,
-    min_pairs: Annotated[int, typer.Option(help="Pairs before the stopping rule may stop.")] = 16,
-    max_pairs: Annotated[int, typer.Option(help="Most pairs per cell.")] = 400,
-    cell_seconds: Annotated[float, typer.Option(help="Time cap per cell.")] = 60.0,
-    half_width: Annotated[float, typer.Option(help="Stop at this CI half-width, percent.")] = 0.25,
-    margin: Annotated[float, typer.Option(help="SAME margin, percent.")] = 0.5,
-    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="Input dtype.")] = "bfloat16",
-    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None,
-    diff_tol: Annotated[float, typer.Option(help="Relative RMS error allowed between base and candidate.")] = 0.005,
-    worker_timeout: Annotated[float, typer.Option(help="Seconds a worker may take to answer (compile included).")] = 1800.0,
-    sample_ms: Annotated[float, typer.Option(help="Calibrate k so one timed sample lasts this long.")] = 10.0,
+    workers: WorkersOpt = 0, gpus: GpusOpt = None,
+    varlen: VarlenOpt = False, min_pairs: MinPairsOpt = 16, max_pairs: MaxPairsOpt = 400,
+    cell_seconds: CellSecondsOpt = 60.0, half_width: HalfWidthOpt = 0.25, margin: MarginOpt = 0.5,
+    device: DeviceOpt = "auto", dtype: DtypeOpt = "bfloat16", inputs: InputsOpt = None,
+    diff_tol: DiffTolOpt = 0.005, worker_timeout: WorkerTimeoutOpt = 1800.0, sample_ms: SampleMsOpt = 10.0,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Gate first, then the paired benchmark; never a benchmark on a red gate."""
@@ -361,7 +376,7 @@ def verify_cmd(
         console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
                       "must not be used as evidence of a win[/]", markup=True)
     else:
-        result = run_gate_with_progress(target, c, k_expr, None, console)
+        result = run_gate_with_progress(target, c, k_expr, None, console, workers, _gpu_list(gpus))
         print_gate(result, console)
         gate_dict = result.to_dict()
         if not result.green:

@@ -75,6 +75,7 @@ class PytestRun:
     env_inside: dict[str, str] = field(default_factory=dict)
     junit_ids: list[str] = field(default_factory=list)
     marker_skips: list[str] | None = None
+    workers: dict[str, str | None] = field(default_factory=dict)  # xdist worker -> CUDA_VISIBLE_DEVICES
     log_tail: str = ""
 
     @property
@@ -162,7 +163,7 @@ def _read_events(path: Path) -> list[dict]:
 def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, env: dict[str, str],
                package: str, watch: tuple[str, ...], log_path: Path,
                progress: Progress | None = None, timeout: float | None = None,
-               collect_only: bool = False) -> PytestRun:
+               collect_only: bool = False, workers: int = 0, gpus: list[str] | None = None) -> PytestRun:
     """Run the test file of `tree` via a neutral symlink; collect junit, events and the log."""
     tmp = git.neutral_tempdir("flaloop-gate-")
     try:
@@ -176,10 +177,13 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
             cmd += ["-k", k_expr]
         if collect_only:
             cmd += ["--collect-only", "-q"]
+        elif workers:
+            cmd += ["-n", str(workers)]
         pypath = [str(link), str(PLUGIN_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         run_env = {**env, "PYTHONPATH": os.pathsep.join(pypath), "FLALOOP_GATE_EVENTS": str(events),
                    "FLALOOP_GATE_PACKAGE": package, "FLALOOP_GATE_WATCH_ENV": ",".join(watch),
-                   "PYTHONUNBUFFERED": "1", "FLALOOP_GATE_MARKER_SKIPS": "1" if collect_only else "0"}
+                   "PYTHONUNBUFFERED": "1", "FLALOOP_GATE_MARKER_SKIPS": "1" if collect_only else "0",
+                   "FLALOOP_GATE_GPUS": ",".join(gpus or [])}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(log_path, "w") as log:
@@ -194,16 +198,21 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                 raise
         wall = time.monotonic() - t0
         evs = _read_events(events)
-        collected = next((e for e in evs if e["event"] == "collected"), {})
-        finish = next((e for e in evs if e["event"] == "finish"), {})
+        # Under xdist every worker collects and finishes: merge what they saw.
+        collected_evs = [e for e in evs if e["event"] == "collected"]
+        finish_evs = [e for e in evs if e["event"] == "finish"]
         outcomes = {e["id"]: e["outcome"] for e in evs if e["event"] == "result"}
-        package_file = finish.get("package_file") or collected.get("package_file")
-        if package_file and package_file.startswith(f"{link}/"):
-            package_file = str(tree / package_file[len(f"{link}/"):])
-        run = PytestRun(exit_code=proc.returncode, selected=collected.get("ids", []), outcomes=outcomes,
-                        wall_s=wall, package_file=package_file,
-                        env_inside={**collected.get("env", {}), **finish.get("env", {})},
-                        marker_skips=collected.get("marker_skips"))
+        files = [str(tree / f[len(f"{link}/"):]) if f.startswith(f"{link}/") else f
+                 for f in (e.get("package_file") for e in finish_evs + collected_evs) if f]
+        outside = [f for f in files if not f.startswith(f"{tree}{os.sep}")]
+        env_inside: dict[str, str] = {}
+        for e in collected_evs + finish_evs:
+            env_inside.update(e.get("env", {}))
+        first = collected_evs[0] if collected_evs else {}
+        run = PytestRun(exit_code=proc.returncode, selected=first.get("ids", []), outcomes=outcomes,
+                        wall_s=wall, package_file=(outside or files or [None])[0], env_inside=env_inside,
+                        marker_skips=first.get("marker_skips"),
+                        workers={e["worker"]: e.get("cuda_visible_devices") for e in collected_evs if e.get("worker")})
         if junit.exists():
             counts, run.junit_time, run.junit_ids = parse_junit(junit)
             run.failed, run.errors, run.skipped = counts["failures"], counts["errors"], counts["skipped"]
@@ -349,7 +358,9 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Fin
 
 def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
              progress: Progress | None = None, baseline_progress: Progress | None = None,
-             timeout: float | None = None) -> GateResult:
+             timeout: float | None = None, workers: int = 0, gpus: list[str] | None = None) -> GateResult:
+    """Run the gate. `workers` > 0 spreads the candidate's run over pytest-xdist workers (Triton
+    compiles in parallel: a cold FLA gate is compile-bound); `gpus` pins worker i to gpus[i % n]."""
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
     env, stripped, watch = clean_env(target.extra_strip_env())
@@ -368,7 +379,10 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
                         timeout=timeout)
         run = run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env,
                          package=contract.import_path.split(".")[0], watch=watch, log_path=log_path,
-                         progress=progress, timeout=timeout)
+                         progress=progress, timeout=timeout, workers=workers, gpus=gpus)
+        if workers and run.exit_code == 4 and "-n" in run.log_tail and "unrecognized" in run.log_tail:
+            raise UsageError(f"--workers needs pytest-xdist in the target's Python ({target.python})",
+                             "install pytest-xdist there, or drop --workers")
         if run.skipped > base["skipped"] and run.exit_code is not None and run.exit_code >= 0:
             # More skips than the base's markers declare: only a full run at the base can say
             # whether the base skipped them too (a test body may call pytest.skip itself).

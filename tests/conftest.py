@@ -37,12 +37,16 @@ def git(repo: Path, *args: str) -> str:
                           env={**os.environ, **GIT_ENV}).stdout
 
 
-def make_repo(dest: Path) -> Path:
-    shutil.copytree(MINIFLA, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
+def commit_all(dest: Path) -> Path:
     git(dest, "init", "-q", "-b", "main")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "-m", "base")
     return dest
+
+
+def make_repo(dest: Path) -> Path:
+    shutil.copytree(MINIFLA, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
+    return commit_all(dest)
 
 
 @dataclass
@@ -217,10 +221,7 @@ def make_toy_repo(dest: Path) -> Path:
         p = dest / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
-    git(dest, "init", "-q", "-b", "main")
-    git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", "base")
-    return dest
+    return commit_all(dest)
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,17 @@ def gate(repo: Path, *args: str, env: dict | None = None, op: str = OP):
     return r, json.loads(r.stdout)
 
 
+def plant_in_entry(repo: Path, import_line: str, code: str) -> None:
+    """Put `code` at the top of chunk_linear_attn's body (after its docstring)."""
+    edit(repo / CHUNK, "import torch\n", f"import torch\n{import_line}\n")
+    text = (repo / CHUNK).read_text()
+    i = text.index("def chunk_linear_attn(")
+    body = text.index(":\n", text.index(")", i)) + 2
+    if text[body:].lstrip().startswith('"""'):
+        body = text.index('"""', text.index('"""', body) + 3) + 4
+    (repo / CHUNK).write_text(f"{text[:body]}    {code}\n{text[body:]}")
+
+
 def kinds(doc: dict) -> set[str]:
     return {f["kind"] for f in doc["findings"]}
 
@@ -110,25 +121,14 @@ def test_fla_ci_env_set_from_inside_the_package_is_red(repo):
 
 def test_kernel_that_skips_cases_is_red(repo):
     # The op calls pytest.skip for awkward shapes: the test file is untouched, skips grow.
-    edit(repo / CHUNK, "import torch\n", "import torch\nimport pytest\n")
-    text = (repo / CHUNK).read_text()
-    i = text.index("def chunk_linear_attn(")
-    body = text.index(":\n", text.index(")", i)) + 2
-    doc_end = text.index('"""', text.index('"""', body) + 3) + 4 if text[body:].lstrip().startswith('"""') else body
-    (repo / CHUNK).write_text(text[:doc_end] + "    if q.shape[1] % 32:\n        pytest.skip('odd T')\n"
-                              + text[doc_end:])
+    plant_in_entry(repo, "import pytest", "if q.shape[1] % 32:\n        pytest.skip('odd T')")
     r, doc = gate(repo)
     assert r.code == 1 and "more-skips" in kinds(doc), doc["findings"]
     assert doc["baseline"]["kind"] == "full"  # confirmed against a full run at the base
 
 
 def test_kernel_that_kills_pytest_midway_is_red(repo):
-    edit(repo / CHUNK, "import torch\n", "import torch\nimport os\n")
-    text = (repo / CHUNK).read_text()
-    i = text.index("def chunk_linear_attn(")
-    body = text.index(":\n", text.index(")", i)) + 2
-    doc_end = text.index('"""', text.index('"""', body) + 3) + 4 if text[body:].lstrip().startswith('"""') else body
-    (repo / CHUNK).write_text(text[:doc_end] + "    if q.shape[1] % 32:\n        os._exit(0)\n" + text[doc_end:])
+    plant_in_entry(repo, "import os", "if q.shape[1] % 32:\n        os._exit(0)")
     r, doc = gate(repo)
     assert r.code == 1
     assert {"not-run"} <= kinds(doc), doc["findings"]
@@ -182,3 +182,12 @@ def test_skips_decided_in_the_test_body_at_the_base_are_not_held_against_the_can
     assert r.code == 0, doc["findings"]
     assert doc["baseline"]["kind"] == "full" and doc["baseline"]["skipped"] == 1
     assert doc["counts"]["skipped"] == 1
+
+
+def test_gate_over_xdist_workers_pins_each_worker_to_a_gpu(repo):
+    r, doc = gate(repo, "--workers", "2", "--gpus", "5,7")
+    assert r.code == 0, doc.get("findings")
+    assert doc["counts"]["ran"] == doc["counts"]["selected"] == doc["baseline"]["selected"].__len__()
+    assert doc["run"]["workers"] == {"gw0": "5", "gw1": "7"}
+    bad = flaloop(repo, "gate", OP, "--workers", "2", "--gpus", "0,x")
+    assert bad.code == 2 and "not a GPU index" in bad.stderr

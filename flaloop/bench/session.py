@@ -288,7 +288,8 @@ class Session:
             base_tree, cand_tree = stack.enter_context(_trees(self.root, self.base_commit, self.cfg.aa))
             registry = base_tree / self.registry_rel
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(self.run_dir.parent / "triton-cache")
+            # Persistent under the workspace, shared by both sides: a second run recompiles nothing.
+            env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(self.run_dir.parents[1] / "triton-cache")
             device = self.cfg.device
             for side, tree in (("base", base_tree), ("cand", cand_tree)):
                 w = Worker(side, self.python, tree, registry, self.op, device, self.run_dir / f"{side}.stderr",

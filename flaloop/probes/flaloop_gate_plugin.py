@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+import pytest
+
 
 def _emit(event: dict) -> None:
     path = os.environ.get("FLALOOP_GATE_EVENTS")
@@ -60,9 +62,20 @@ def _marker_skips(items) -> list[str] | None:
     return out
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Under xdist, pin each worker to one GPU of FLALOOP_GATE_GPUS before anything imports CUDA."""
+    gpus = [g for g in os.environ.get("FLALOOP_GATE_GPUS", "").split(",") if g]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if gpus and worker.startswith("gw") and worker[2:].isdigit():
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
+
+
 def pytest_collection_finish(session):
     event = {"event": "collected", "ids": [item.nodeid for item in session.items],
-             "env": _weakening_env(), "package_file": _package_file()}
+             "env": _weakening_env(), "package_file": _package_file(),
+             "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     if os.environ.get("FLALOOP_GATE_MARKER_SKIPS") == "1":
         event["marker_skips"] = _marker_skips(session.items)
     _emit(event)
