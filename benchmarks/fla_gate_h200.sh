@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # flaloop's gate on a real FLA checkout, on the GPU machine: list, init, then the full gate of
 # chunk_delta_rule twice (cold: empty Triton cache and no baseline; warm: both kept).
-# Usage (device): FLA=.fla OUT=/some/dir bash benchmarks/fla_gate_h200.sh
+# Usage (device): FLA=.fla OUT=/some/dir [GATE_ARGS="--workers 4"] bash benchmarks/fla_gate_h200.sh
+# GATE_ARGS defaults to 4 pytest-xdist workers on the one GPU: a cold FLA gate is bound by
+# Triton compiling and autotuning, which then runs in 4 processes at once.
 set -uo pipefail
 OUT=${OUT:-/tmp/flaloop-out}
 FLA=${FLA:-.fla}
@@ -19,7 +21,7 @@ python3 -m flaloop list --repo "$FLA" | tee "$OUT/list.txt"
 python3 -m flaloop init "$OP" --repo "$FLA" --target 1.1x --input k=l2norm | tee "$OUT/init.txt"
 for phase in cold warm; do
   start=$(date +%s.%N)
-  python3 -m flaloop gate "$OP" --repo "$FLA" --json --timeout "${GATE_TIMEOUT:-900}" \
+  python3 -m flaloop gate "$OP" --repo "$FLA" --json --timeout "${GATE_TIMEOUT:-900}" ${GATE_ARGS:---workers 4} \
     > "$OUT/gate_$phase.json" 2> "$OUT/gate_$phase.err"
   rc=$?
   end=$(date +%s.%N)
