@@ -374,7 +374,7 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
     run = base = None
     log_path = ws / "gate" / f"gate-{stamp}.log"
     if not findings:  # a frozen edit is red already; don't spend minutes of GPU on it
-        target.test_path(target.op(contract.op))
+        target.require_test_file(contract.op, contract.test_file)
         base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress,
                         timeout=timeout)
         run = run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env,

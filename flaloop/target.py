@@ -169,11 +169,14 @@ class Target:
         raise UsageError(f"unknown op {name!r} in {self.root}", hint)
 
     def test_path(self, spec: OpSpec) -> Path:
-        path = self.root / spec.test_file
+        return self.require_test_file(spec.name, spec.test_file)
+
+    def require_test_file(self, op: str, test_file: str) -> Path:
+        path = self.root / test_file
         if not path.is_file():
-            how = (f"set test_file='tests/ops/test_<name>.py' on the OpConfig of {spec.name} in "
-                   f"{DEFAULT_REGISTRY}, or `test_file = \"...\"` under [ops.{spec.name}] in {CONFIG_FILE}")
-            raise UsageError(f"the gate test file {spec.test_file} of {spec.name} does not exist", how)
+            how = (f"set test_file='tests/ops/test_<name>.py' on the OpConfig of {op} in "
+                   f"{DEFAULT_REGISTRY}, or `test_file = \"...\"` under [ops.{op}] in {CONFIG_FILE}")
+            raise UsageError(f"the gate test file {test_file} of {op} does not exist", how)
         return path
 
     def shape_configs(self, spec: OpSpec) -> dict[str, dict]:

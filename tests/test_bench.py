@@ -183,3 +183,17 @@ def test_pairs_below_the_clock_floor_or_throttled_are_dropped():
     assert "SM clock 1300 MHz" in s._drop_reason(full, slow)
     assert "throttled" in s._drop_reason(hot, full)
     assert s._drop_reason(None, None) is None  # CPU: no clock evidence, nothing dropped
+
+
+def test_an_op_imported_from_outside_its_tree_is_refused(toy, tmp_path):
+    # The candidate's package hands out a function that lives elsewhere (an installed copy,
+    # a vendored module): measuring it would time the wrong code.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "shadow_toy.py").write_text((toy / FAST).read_text())
+    init = toy / "toyop/ops/toy/__init__.py"
+    init.write_text(f"import sys\nsys.path.insert(0, {str(elsewhere)!r})\nfrom shadow_toy import toy_attn, toy_log\n")
+    r = flaloop(toy, "bench", "toy_attn", *QUICK)
+    assert r.code == 3
+    assert "not from its tree" in r.stderr and "shadow_toy.py" in r.stderr
+    assert worktrees(toy) == [str(toy)]

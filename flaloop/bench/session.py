@@ -287,7 +287,9 @@ class Session:
         with ExitStack() as stack:
             base_tree, cand_tree = stack.enter_context(_trees(self.root, self.base_commit, self.cfg.aa))
             registry = base_tree / self.registry_rel
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            # The worker puts its tree first on sys.path and proves where the op came from, so
+            # the user's PYTHONPATH (which may hold the target's dependencies) can stay.
+            env = dict(os.environ)
             # Persistent under the workspace, shared by both sides: a second run recompiles nothing.
             env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(self.run_dir.parents[1] / "triton-cache")
             device = self.cfg.device
