@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -28,8 +29,11 @@ from flaloop.target import Target
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Make GPU kernels faster without breaking or gaming correctness.")
 # Not a terminal (CI, agents, pipes): rich would assume 80 columns and truncate paths.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
+# markup is off by default: test ids, diffs and messages are full of [brackets]. Literal styled
+# strings opt in with markup=True and escape() whatever they interpolate.
+out = Console(highlight=False, soft_wrap=True, markup=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False,
+              width=None if sys.stderr.isatty() else 200)
 
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="Target checkout (default: the git root of the cwd).")]
 PyOpt = Annotated[str | None, typer.Option("--python", help="Target's interpreter (default: this one).")]
@@ -50,7 +54,7 @@ def command(fn: Callable) -> Callable:
             if as_json:
                 print(json.dumps({"ok": False, "error": exc.message, "hint": exc.hint,
                                   "exit_code": exc.exit_code}))
-            err.print(f"[bold red]error:[/] {exc.message}", markup=True)
+            err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True)
             if exc.hint:
                 err.print(f"  hint: {exc.hint}")
             raise typer.Exit(exc.exit_code) from None
@@ -115,7 +119,8 @@ def init_cmd(
     if as_json:
         print(json.dumps({"ok": True, "contract": str(cpath), "draft": str(dpath), **c.to_dict()}))
         return
-    out.print(f"contract for [bold]{c.op}[/]: {c.import_path}.{c.func_name} in {c.entry_file}", markup=True)
+    out.print(f"contract for [bold]{escape(c.op)}[/]: {escape(c.import_path)}.{escape(c.func_name)} "
+              f"in {escape(c.entry_file)}", markup=True)
     out.print(f"  signature: {c.signature}")
     out.print(f"  base: {c.base_ref} = {c.base_commit[:12]}   target: {c.target_speedup:g}x   "
               f"shapes: {', '.join(c.shapes) or '(none)'}")
@@ -169,10 +174,10 @@ def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float
                            console: Console, workers: int = 0, gpus: list[str] | None = None) -> gate_mod.GateResult:
     _, stripped, _ = gate_mod.clean_env(target.extra_strip_env())
     for name, value in stripped.items():
-        console.print(f"[yellow]removed {name}={value} from the gate's environment[/] "
+        console.print(f"[yellow]removed {escape(name)}={escape(value)} from the gate's environment[/] "
                       f"(it weakens or steers the tests)", markup=True)
     if k_expr:
-        console.print(f"[yellow]-k {k_expr!r}: SIGNAL ONLY, this run never counts as a promotion gate[/]",
+        console.print(f"[yellow]-k {escape(repr(k_expr))}: SIGNAL ONLY, this run never counts as a promotion gate[/]",
                       markup=True)
     with _progress_bar(console) as bar:
         tasks: dict[str, int] = {}
@@ -191,8 +196,8 @@ def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float
 
 def print_gate(r: gate_mod.GateResult, console: Console) -> None:
     label = "[bold green]GREEN[/]" if r.green else "[bold red]RED[/]"
-    scope = f"  [yellow](signal only: -k {r.k_expr!r})[/]" if r.signal_only else ""
-    console.print(f"{label} gate {r.op}: {r.test_file}{scope}", markup=True)
+    scope = f"  [yellow](signal only: -k {escape(repr(r.k_expr))})[/]" if r.signal_only else ""
+    console.print(f"{label} gate {escape(r.op)}: {escape(r.test_file)}{scope}", markup=True)
     if r.run:
         n = r.run
         console.print(f"  {n.passed} passed, {n.failed} failed, {n.skipped} skipped, {n.errors} errors; "
@@ -206,7 +211,7 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
     tree = r.tree
     console.print(f"  tree: {tree['head'][:12]}{' + uncommitted ' + str(tree['diff_hash']) if tree['dirty'] else ''}")
     for f in r.findings:
-        console.print(f"  [red]x[/] {f.message}", markup=True)
+        console.print(f"  [red]x[/] {escape(f.message)}", markup=True)
         if f.detail:
             for line in f.detail.splitlines()[:40]:
                 console.print(f"      {line}")
@@ -267,7 +272,7 @@ def print_bench(record: dict, console: Console) -> None:
     parts += [f"base {record['base']['commit'][:12]}", f"candidate {'A/A' if record['aa'] else cand['head'][:12] + dirty}"]
     console.print(" | ".join(parts))
     if env.get("nvml") not in (None, "ok", "no GPU"):
-        console.print(f"[yellow]no clock evidence: {env['nvml']}[/]", markup=True)
+        console.print(f"[yellow]no clock evidence: {escape(str(env['nvml']))}[/]", markup=True)
     if record.get("unverified"):
         console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark "
                       "(`flaloop verify` runs the gate first)[/]", markup=True)
@@ -297,7 +302,7 @@ def print_bench(record: dict, console: Console) -> None:
                       f"worst {g.get('worst_cell_id')} {g['worst_speedup']:.4f}x  regressions {g['n_regressions']}  "
                       f"({s['n_measured']}/{s['n_cells']} cells measured)")
     for e in record.get("errors", []):
-        console.print(f"[red]worker failure:[/] {e}", markup=True)
+        console.print(f"[red]worker failure:[/] {escape(e)}", markup=True)
     if record.get("path"):
         console.print(f"run record: {record['path']}")
 

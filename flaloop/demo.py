@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from flaloop import git
 from flaloop.errors import UsageError
@@ -83,7 +84,8 @@ def run_demo(console: Console, keep: Path | None = None) -> Path | None:
         console.print("\n[bold]verify:[/] gate first, then the paired benchmark of the working tree.", markup=True)
         _sh(console, repo, ["verify", OP, "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "12",
                             "--cell-seconds", "60"], expect=(0, 3))
-        console.print(f"\n[green]demo finished[/]: workspace {repo / 'profile' / (OP + '-opt')}", markup=True)
+        console.print(f"\n[green]demo finished[/]: workspace {escape(str(repo / 'profile' / (OP + '-opt')))}",
+                      markup=True)
         return repo if keep else None
     finally:
         if keep is None:

@@ -76,6 +76,7 @@ class PytestRun:
     junit_ids: list[str] = field(default_factory=list)
     marker_skips: list[str] | None = None
     workers: dict[str, str | None] = field(default_factory=dict)  # xdist worker -> CUDA_VISIBLE_DEVICES
+    short_summary: list[str] = field(default_factory=list)  # pytest's `FAILED id - reason` lines
     log_tail: str = ""
 
     @property
@@ -183,7 +184,9 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
         run_env = {**env, "PYTHONPATH": os.pathsep.join(pypath), "FLALOOP_GATE_EVENTS": str(events),
                    "FLALOOP_GATE_PACKAGE": package, "FLALOOP_GATE_WATCH_ENV": ",".join(watch),
                    "PYTHONUNBUFFERED": "1", "FLALOOP_GATE_MARKER_SKIPS": "1" if collect_only else "0",
-                   "FLALOOP_GATE_GPUS": ",".join(gpus or [])}
+                   "FLALOOP_GATE_GPUS": ",".join(gpus or []),
+                   # pytest cuts its `FAILED id - reason` lines at the terminal width
+                   "COLUMNS": "400"}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(log_path, "w") as log:
@@ -218,6 +221,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
             run.failed, run.errors, run.skipped = counts["failures"], counts["errors"], counts["skipped"]
             run.passed = counts["tests"] - run.failed - run.errors - run.skipped
         run.log_tail = _tail(log_path)
+        run.short_summary = _short_summary(log_path)
         return run
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -262,6 +266,15 @@ def _kill(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _short_summary(path: Path) -> list[str]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    _, marker, rest = text.rpartition("short test summary info")
+    return [line for line in rest.splitlines() if line.startswith(("FAILED ", "ERROR "))] if marker else []
 
 
 def _tail(path: Path, n: int = 60) -> str:
@@ -317,6 +330,11 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
 
 # -- the gate -----------------------------------------------------------------------------------
 
+def _failure_summary(run: PytestRun) -> str:
+    """pytest's short summary (`FAILED id - reason` lines, from -rfE); else the log's tail."""
+    return "\n".join(run.short_summary) if run.short_summary else run.log_tail
+
+
 def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Finding]:
     """Every reason this run does not count as green."""
     out: list[Finding] = []
@@ -326,7 +344,7 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Fin
     elif run.exit_code != 0:
         what = {1: "tests failed", 2: "interrupted or collection errors", 3: "internal error",
                 4: "usage error", 5: "no tests collected"}.get(run.exit_code, "error")
-        out.append(Finding("pytest-exit", f"pytest exited {run.exit_code} ({what})", run.log_tail))
+        out.append(Finding("pytest-exit", f"pytest exited {run.exit_code} ({what})", _failure_summary(run)))
     if run.ran == 0:
         out.append(Finding("no-test-ran", "no test ran: a gate that runs nothing proves nothing"))
     base_ids, ids = set(base["selected"]), set(run.selected)
