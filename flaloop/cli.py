@@ -103,6 +103,7 @@ def init_cmd(
     langs: Annotated[str, typer.Option("--langs", help="Allowed languages, comma separated.")] = "triton",
     modes: Annotated[str, typer.Option("--modes", help="Bench modes, comma separated.")] = "fwd,fwdbwd",
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override an input transform: k=l2norm.")] = None,
+    varlen: Annotated[bool, typer.Option("--varlen", help="Bench a packed cu_seqlens variant of each shape too.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing contract.")] = False,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
@@ -114,7 +115,8 @@ def init_cmd(
     c = contract_mod.create(
         target, spec, base_ref=base, speedup=contract_mod.parse_speedup(target_speedup),
         shapes=shape_list or None, langs=[x for x in langs.split(",") if x],
-        modes=[x for x in modes.split(",") if x], overrides=contract_mod.parse_overrides(inputs or []))
+        modes=[x for x in modes.split(",") if x], overrides=contract_mod.parse_overrides(inputs or []),
+        varlen=varlen)
     cpath, dpath = contract_mod.write(target, c, force)
     if as_json:
         print(json.dumps({"ok": True, "contract": str(cpath), "draft": str(dpath), **c.to_dict()}))
@@ -234,7 +236,7 @@ def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, 
     return session_mod.BenchConfig(
         min_sample_ms=sample_ms,
         setup_timeout=worker_timeout, sample_timeout=min(worker_timeout, 300.0),
-        modes=[m for m in (modes.split(",") if modes else c.modes) if m], aa=aa, varlen=varlen,
+        modes=[m for m in (modes.split(",") if modes else c.modes) if m], aa=aa, varlen=varlen or c.varlen,
         min_pairs=min_pairs, max_pairs=max_pairs, cell_seconds=cell_seconds, half_width=half_width / 100,
         margin=margin / 100, device=device, dtype=dtype, diff_tol=diff_tol,
         overrides=contract_mod.parse_overrides(inputs or []))

@@ -54,6 +54,7 @@ class Contract:
     modes: list[str] = field(default_factory=lambda: list(MODES))
     langs: list[str] = field(default_factory=lambda: ["triton"])
     input_overrides: dict[str, str] = field(default_factory=dict)
+    varlen: bool = False
     created: str = ""
     flaloop_version: str = __version__
     schema: int = SCHEMA
@@ -211,7 +212,7 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shapes: list[str] | None,
-           langs: list[str], modes: list[str], overrides: dict[str, str]) -> Contract:
+           langs: list[str], modes: list[str], overrides: dict[str, str], varlen: bool = False) -> Contract:
     base_commit = git.resolve_ref(target.root, base_ref)
     bad = [lang for lang in langs if lang not in LANGS]
     if bad:
@@ -236,7 +237,7 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         signature=probe["signature"], parameters=probe["parameters"], base_ref=base_ref,
         base_commit=base_commit, test_file=spec.test_file, frozen=frozen, target_speedup=speedup,
         shapes=list(shapes or known_shapes), modes=list(modes), langs=list(langs),
-        input_overrides=overrides,
+        input_overrides=overrides, varlen=varlen,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
     dirty = changed_frozen(target, contract)
@@ -265,6 +266,7 @@ read; this page is for people. Edit the prose freely; change the contract with
 - Speedup: **{c.target_speedup:g}x** (equal-weight geometric mean over the target shapes)
 - Shapes: {", ".join(f"`{s}`" for s in c.shapes) or "(none)"}
 - Modes: {", ".join(c.modes)}
+- Variable-length (packed `cu_seqlens`) cells: {"yes, one per shape" if c.varlen else "no"}
 - Input transforms overridden for the bench: {overrides}
 
 ## Allowed languages

@@ -434,9 +434,10 @@ class Session:
             t = {}
             for side in (("base", "cand") if order == "AB" else ("cand", "base")):
                 r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1)
-                if not r.get("ok"):
-                    return self._fail(res, side, r)
-                t[side] = r["times_ms"][0]
+                times = r.get("times_ms") or [None]
+                if not r.get("ok") or times[0] is None or not times[0] > 0:
+                    return self._fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
+                t[side] = times[0]
             after = self._clock()
             res.pairs.append(Pair(order, t["base"], t["cand"], before and before.to_dict(),
                                   after and after.to_dict(), self._drop_reason(before, after)))
