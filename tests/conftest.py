@@ -80,11 +80,15 @@ def prepared_repo(tmp_path_factory) -> Path:
     return repo
 
 
+def fresh_copy(prepared: Path, dest: Path) -> Path:
+    """Each test edits its own copy of a prepared repo (its .git and cached baseline included)."""
+    shutil.copytree(prepared, dest, symlinks=True)
+    return dest
+
+
 @pytest.fixture
 def repo(prepared_repo, tmp_path) -> Path:
-    dest = tmp_path / "minifla"
-    shutil.copytree(prepared_repo, dest, symlinks=True)
-    return dest
+    return fresh_copy(prepared_repo, tmp_path / "minifla")
 
 
 def edit(path: Path, old: str, new: str, count: int = 1) -> None:
@@ -235,9 +239,7 @@ def prepared_toy(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def toy(prepared_toy, tmp_path) -> Path:
-    dest = tmp_path / "toy"
-    shutil.copytree(prepared_toy, dest, symlinks=True)
-    return dest
+    return fresh_copy(prepared_toy, tmp_path / "toy")
 
 
 def worktrees(repo: Path) -> list[str]:
