@@ -260,6 +260,15 @@ def _run_bench(target: Target, c, base: str | None, shapes: list[str] | None, cf
                                  gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]))
 
 
+def _last_gate_for(target: Target, op: str, tree: dict) -> dict | None:
+    """The recorded gate result, when it was taken of exactly this tree state (HEAD + diff)."""
+    last = gate_mod.last_result(target, op)
+    if not last or {k: last["tree"].get(k) for k in ("head", "dirty", "diff_hash")} != \
+            {k: tree.get(k) for k in ("head", "dirty", "diff_hash")}:
+        return None
+    return {k: last.get(k) for k in ("green", "signal_only", "started", "counts", "k_expr")}
+
+
 def _fmt_ms(summary: dict | None) -> str:
     return "-" if not summary else f"{summary['median']:.4f}"
 
@@ -275,7 +284,13 @@ def print_bench(record: dict, console: Console) -> None:
     console.print(" | ".join(parts))
     if env.get("nvml") not in (None, "ok", "no GPU"):
         console.print(f"[yellow]no clock evidence: {escape(str(env['nvml']))}[/]", markup=True)
-    if record.get("unverified"):
+    last = record.get("last_gate")
+    if record.get("unverified") and last:
+        state = "GREEN" if last["green"] else "RED"
+        scope = " (signal only, -k)" if last["signal_only"] else ""
+        console.print(f"gate: not run by this command; the last gate of this exact tree state was {state}{scope} "
+                      f"({last['started']})")
+    elif record.get("unverified"):
         console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark "
                       "(`flaloop verify` runs the gate first)[/]", markup=True)
     table = Table(title=f"{record['op']}: candidate vs base (device time per call, ms)")
@@ -352,6 +367,7 @@ def bench_cmd(
     cfg = _bench_config(modes, c, aa, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
                         dtype, inputs, diff_tol, worker_timeout, sample_ms)
     record = _run_bench(target, c, base, shapes, cfg, _human(as_json), gate=None)
+    record["last_gate"] = _last_gate_for(target, op, record["candidate"])
     if as_json:
         print(json.dumps({"ok": True, **record}, default=str))
     else:

@@ -197,3 +197,13 @@ def test_an_op_imported_from_outside_its_tree_is_refused(toy, tmp_path):
     assert r.code == 3
     assert "not from its tree" in r.stderr and "shadow_toy.py" in r.stderr
     assert worktrees(toy) == [str(toy)]
+
+
+def test_bench_names_the_last_gate_of_the_same_tree_state_only(toy):
+    assert flaloop(toy, "gate", "toy_attn").code == 0
+    r = flaloop(toy, "bench", "toy_attn", *QUICK, "--modes", "fwd")
+    assert r.code == 0, r.stderr
+    assert "last gate of this exact tree state was GREEN" in r.stdout
+    edit(toy / FAST, "a = a.tril()", "a = a.tril()  # a change the gate has not seen")
+    r = flaloop(toy, "bench", "toy_attn", *QUICK, "--modes", "fwd")
+    assert "UNVERIFIED" in r.stdout and "last gate" not in r.stdout
