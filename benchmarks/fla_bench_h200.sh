@@ -58,5 +58,5 @@ t0=$(date +%s)
 (cd "$FLA" && PYTHONPATH=. timeout "$(left)" python3 -m benchmarks.ops.verify --op "$OP" --base HEAD \
   > "$OUT/verify_fla.txt" 2>&1)
 echo "FLA verify exit $? in $(( $(date +%s) - t0 ))s"
-python3 benchmarks/summarize_runs.py "$OUT"/aa.json "$OUT"/slow.json "$OUT"/verify_flaloop.json \
+python3 benchmarks/summarize_runs.py aa="$OUT"/aa.json slower="$OUT"/slow.json "$OUT"/verify_flaloop.json \
   | tee "$OUT/bench_summary.txt"

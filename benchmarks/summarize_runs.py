@@ -1,5 +1,8 @@
 """Print the figures of flaloop bench/verify JSON outputs: per cell the bias or speedup with its
-CI, verdict, pairs and GPU seconds; per run the geomean. Usage: summarize_runs.py FILE..."""
+CI, verdict, pairs and GPU seconds; per run the geomean; and whether a run met its goal.
+
+Usage: summarize_runs.py [GOAL=]FILE...   GOAL: aa (every |bias| <= 0.25%, no FASTER/SLOWER)
+                                                slower (every cell SLOWER)"""
 
 from __future__ import annotations
 
@@ -12,7 +15,23 @@ def _warmup(cell: dict) -> float:
     return sum((cell.get("setup", {}).get(side) or {}).get("setup_s") or 0.0 for side in ("base", "cand"))
 
 
-def summarize(path: str) -> None:
+def check_goal(goal: str, cells: list[dict]) -> str:
+    measured = [c for c in cells if c.get("estimate")]
+    if not measured:
+        return f"goal {goal}: NOT MET (no cell measured)"
+    if goal == "aa":
+        worst = max(abs(1 / c["estimate"]["speedup"] - 1) for c in measured) * 100
+        loud = [c["cell"]["id"] for c in measured if c["verdict"] in ("FASTER", "SLOWER")]
+        ok = worst <= 0.25 and not loud and len(measured) == len(cells)
+        return (f"goal aa: {'MET' if ok else 'NOT MET'}: worst |bias| {worst:.3f}% (<= 0.25%), "
+                f"FASTER/SLOWER on {loud or 'no cell'}, {len(measured)}/{len(cells)} cells measured")
+    if goal == "slower":
+        missed = [c["cell"]["id"] for c in cells if c.get("verdict") != "SLOWER"]
+        return f"goal slower: {'MET' if not missed else 'NOT MET'}: not SLOWER: {missed or 'none'}"
+    return f"goal {goal}: unknown goal"
+
+
+def summarize(path: str, goal: str | None = None) -> None:
     try:
         doc = json.load(open(path))
     except (OSError, json.JSONDecodeError) as exc:
@@ -36,6 +55,8 @@ def summarize(path: str) -> None:
                   f"sampling {c['seconds']:.1f}s warm-up {_warmup(c):.1f}s  launch-bound {c.get('launch_bound')}")
         else:
             print(f"  {c['cell']['id']:<34} {c['status'].upper()}: {c.get('reason', '')[:160]}")
+    if goal:
+        print("  " + check_goal(goal, rec["cells"]))
     g = (rec.get("summary") or {}).get("geomean")
     if g:
         print(f"  geomean speedup {g['speedup']:.5f} [{g['ci_low']:.5f}, {g['ci_high']:.5f}] "
@@ -43,5 +64,6 @@ def summarize(path: str) -> None:
 
 
 if __name__ == "__main__":
-    for p in sys.argv[1:]:
-        summarize(p)
+    for arg in sys.argv[1:]:
+        goal, sep, path = arg.partition("=")
+        summarize(path, goal) if sep else summarize(arg)
