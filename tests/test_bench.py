@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import OP, edit, flaloop, worktrees
 
 FAST = Path("toyop/ops/toy/fast.py")
@@ -207,3 +208,19 @@ def test_bench_names_the_last_gate_of_the_same_tree_state_only(toy):
     edit(toy / FAST, "a = a.tril()", "a = a.tril()  # a change the gate has not seen")
     r = flaloop(toy, "bench", "toy_attn", *QUICK, "--modes", "fwd")
     assert "UNVERIFIED" in r.stdout and "last gate" not in r.stdout
+
+
+@pytest.mark.gpu
+def test_aa_on_the_gpu_uses_proven_cuda_graphs_and_reads_clocks(repo):
+    r = flaloop(repo, "bench", OP, "--aa", "--json", "--device", "cuda", "--shapes", "B8_T1024_H8_D64",
+                "--min-pairs", "16", "--max-pairs", "64", "--cell-seconds", "20", env={"TRITON_INTERPRET": None})
+    assert r.code == 0, r.stderr[-3000:]
+    rec = json.loads(r.stdout)
+    assert rec["env"]["device"] == "cuda" and rec["env"]["nvml"] == "ok"
+    for cell in rec["cells"]:
+        assert cell["status"] == "ok", cell["reason"]
+        assert cell["timer"] == "cuda_graph" and cell["setup"]["base"]["graph_bitwise_equal"] is True
+        assert cell["k"] >= 2  # calibrated from device time to ~10 ms samples
+        assert cell["pairs"][0]["clock_before"]["sm_mhz"] > 0
+        assert cell["launch_bound"] in (True, False)
+        assert cell["verdict"] in ("SAME", "UNSURE")
