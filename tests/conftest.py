@@ -243,5 +243,6 @@ def toy(prepared_toy, tmp_path) -> Path:
 
 
 def worktrees(repo: Path) -> list[str]:
-    return [line.split(" ", 1)[1] for line in git(repo, "worktree", "list", "--porcelain").splitlines()
-            if line.startswith("worktree ")]
+    from flaloop.git import list_worktrees
+
+    return list_worktrees(repo)
