@@ -53,6 +53,8 @@ def summarize(path: str, goal: str | None = None) -> None:
             print(f"  {c['cell']['id']:<34} {c['timer']:<10} base {med:.4f} ms  cand-vs-base {bias:+.3f}% {ci} "
                   f"{c['verdict']:<7} pairs {len(c['pairs']) - c['dropped_pairs']}/{len(c['pairs'])} "
                   f"sampling {c['seconds']:.1f}s warm-up {_warmup(c):.1f}s  launch-bound {c.get('launch_bound')}")
+            for d in c.get("tuning_differs") or []:
+                print(f"      autotune differs: {d[:300]}")
         else:
             print(f"  {c['cell']['id']:<34} {c['status'].upper()}: {c.get('reason', '')[:160]}")
     if goal:

@@ -226,7 +226,7 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
 def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, max_pairs: int,
                   cell_seconds: float, half_width: float, margin: float, device: str, dtype: str,
                   inputs: list[str] | None, diff_tol: float, worker_timeout: float,
-                  sample_ms: float) -> session_mod.BenchConfig:
+                  sample_ms: float, independent_tuning: bool = False) -> session_mod.BenchConfig:
     if device not in ("auto", "cuda", "cpu"):
         raise UsageError(f"--device {device!r} is not one of auto, cuda, cpu")
     if dtype not in ("bfloat16", "float16", "float32"):
@@ -238,7 +238,7 @@ def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, 
         setup_timeout=worker_timeout, sample_timeout=min(worker_timeout, 300.0),
         modes=[m for m in (modes.split(",") if modes else c.modes) if m], aa=aa, varlen=varlen or c.varlen,
         min_pairs=min_pairs, max_pairs=max_pairs, cell_seconds=cell_seconds, half_width=half_width / 100,
-        margin=margin / 100, device=device, dtype=dtype, diff_tol=diff_tol,
+        margin=margin / 100, device=device, dtype=dtype, diff_tol=diff_tol, shared_tuning=not independent_tuning,
         overrides=contract_mod.parse_overrides(inputs or []))
 
 
@@ -304,6 +304,8 @@ def print_bench(record: dict, console: Console) -> None:
             note = (note + " launch-bound (host > device)").strip()
         if cell.get("timer") == "cuda_eager":
             note = (note + " eager timing (no CUDA graph)").strip()
+        if cell.get("tuning_differs"):
+            note = (note + f" autotune picked differently for {len(cell['tuning_differs'])} kernel key(s)").strip()
         eager = summ.get("eager", {})
         table.add_row(
             c["shape_name"], c["mode"], cell.get("timer") or "-", _fmt_ms(summ.get("base")), _fmt_ms(summ.get("cand")),
@@ -318,6 +320,14 @@ def print_bench(record: dict, console: Console) -> None:
         console.print(f"geomean speedup {g['speedup']:.4f}x  95% CI [{g['ci_low']:.4f}, {g['ci_high']:.4f}]  "
                       f"worst {g.get('worst_cell_id')} {g['worst_speedup']:.4f}x  regressions {g['n_regressions']}  "
                       f"({s['n_measured']}/{s['n_cells']} cells measured)")
+    differs = [(cell["cell"]["id"], d) for cell in record["cells"] for d in cell.get("tuning_differs") or []]
+    if differs:
+        how = ("tuning was shared, so these kernels' source differs between the sides"
+               if (record.get("config") or {}).get("shared_tuning") else
+               "each side tuned on its own (--independent-tuning): part of a difference may be tuning noise")
+        console.print(f"[yellow]autotune chose differently on the two sides ({how}):[/]", markup=True)
+        for cid, d in differs[:20]:
+            console.print(f"  {cid}: {escape(d)}", markup=True)
     for e in record.get("errors", []):
         console.print(f"[red]worker failure:[/] {escape(e)}", markup=True)
     if record.get("path"):
@@ -337,6 +347,9 @@ BaseOpt = Annotated[str | None, typer.Option("--base", help="Base git ref (defau
 ShapesOpt = Annotated[list[str] | None, typer.Option("--shapes", help="Shape names (default: the contract's).")]
 ModesOpt = Annotated[str | None, typer.Option("--modes", help="fwd,fwdbwd (default: the contract's).")]
 VarlenOpt = Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")]
+TuningOpt = Annotated[bool, typer.Option(
+    "--independent-tuning",
+    help="Let each side autotune on its own, even kernels whose source is unchanged (default: tuned once, shared).")]
 MinPairsOpt = Annotated[int, typer.Option(help="Pairs before the stopping rule may stop.")]
 MaxPairsOpt = Annotated[int, typer.Option(help="Most pairs per cell.")]
 CellSecondsOpt = Annotated[float, typer.Option(help="Time cap per cell.")]
@@ -359,13 +372,14 @@ def bench_cmd(
     cell_seconds: CellSecondsOpt = 60.0, half_width: HalfWidthOpt = 0.25, margin: MarginOpt = 0.5,
     device: DeviceOpt = "auto", dtype: DtypeOpt = "bfloat16", inputs: InputsOpt = None,
     diff_tol: DiffTolOpt = 0.005, worker_timeout: WorkerTimeoutOpt = 1800.0, sample_ms: SampleMsOpt = 10.0,
+    independent_tuning: TuningOpt = False,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     cfg = _bench_config(modes, c, aa, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol, worker_timeout, sample_ms)
+                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning)
     record = _run_bench(target, c, base, shapes, cfg, _human(as_json), gate=None)
     record["last_gate"] = _last_gate_for(target, op, record["candidate"])
     if as_json:
@@ -386,6 +400,7 @@ def verify_cmd(
     cell_seconds: CellSecondsOpt = 60.0, half_width: HalfWidthOpt = 0.25, margin: MarginOpt = 0.5,
     device: DeviceOpt = "auto", dtype: DtypeOpt = "bfloat16", inputs: InputsOpt = None,
     diff_tol: DiffTolOpt = 0.005, worker_timeout: WorkerTimeoutOpt = 1800.0, sample_ms: SampleMsOpt = 10.0,
+    independent_tuning: TuningOpt = False,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Gate first, then the paired benchmark; never a benchmark on a red gate."""
@@ -393,7 +408,7 @@ def verify_cmd(
     c = contract_mod.Contract.load(target, op)
     console = _human(as_json)
     cfg = _bench_config(modes, c, False, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol, worker_timeout, sample_ms)
+                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning)
     gate_dict = None
     if no_gate:
         console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "

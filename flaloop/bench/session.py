@@ -208,6 +208,26 @@ class BenchConfig:
     varlen: bool = False
     aa: bool = False
     overrides: dict[str, str] = field(default_factory=dict)
+    # Triton's autotuner picks by timing, so two processes running the same kernel can pick
+    # different configs (on the H200, an A/A of chunk_delta_rule B8_T2048_H32_D256 fwdbwd read
+    # the candidate 1.0% faster, twice). Shared, a kernel whose source is unchanged is tuned once
+    # (by the base, which warms first) and both sides run that choice; a changed kernel has a
+    # different source hash and is tuned on its own side.
+    shared_tuning: bool = True
+
+
+def tuning_differences(base: dict, cand: dict) -> list[str]:
+    """Kernels that both sides tuned for the same key but that chose different configs.
+
+    `base` and `cand` are the workers' {kernel: {key: config}} choices made while warming a cell.
+    """
+    out = []
+    for kernel in sorted(base.keys() & cand.keys()):
+        for key in sorted(base[kernel].keys() & cand[kernel].keys()):
+            b, c = base[kernel][key], cand[kernel][key]
+            if b != c:
+                out.append(f"{kernel} {key}: base [{b}] cand [{c}]")
+    return out
 
 
 @dataclass
@@ -238,6 +258,7 @@ class CellResult:
     verdict: str | None = None
     summary: dict = field(default_factory=dict)
     launch_bound: bool | None = None
+    tuning_differs: list[str] = field(default_factory=list)
 
     @property
     def kept(self) -> list[Pair]:
@@ -292,6 +313,11 @@ class Session:
             env = dict(os.environ)
             # Persistent under the workspace, shared by both sides: a second run recompiles nothing.
             env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(self.run_dir.parents[1] / "triton-cache")
+            # Autotuning results on disk, keyed by kernel source: see BenchConfig.shared_tuning.
+            if self.cfg.shared_tuning:
+                env["TRITON_CACHE_AUTOTUNING"] = "1"
+            else:
+                env.pop("TRITON_CACHE_AUTOTUNING", None)
             device = self.cfg.device
             for side, tree in (("base", base_tree), ("cand", cand_tree)):
                 w = Worker(side, self.python, tree, registry, self.op, device, self.run_dir / f"{side}.stderr",
@@ -364,6 +390,7 @@ class Session:
         res.setup["cand"] = cand
         if not cand.get("ok"):
             return self._fail(res, "cand", cand)
+        res.tuning_differs = tuning_differences(base.get("tuning") or {}, cand.get("tuning") or {})
         if cand["timer"] != base["timer"]:  # both sides must be timed the same way
             why = cand.get("capture_error") or base.get("capture_error")
             base = self._setup(res, "base", base["k"], "eager")

@@ -310,6 +310,57 @@ def _same_bits(a, b) -> bool:
 # ---------------------------------------------------------------------------
 
 
+def _autotuners() -> dict:
+    """Every Triton autotuner the loaded code defines at module level, by qualified name.
+
+    Decorators nest (``@triton.heuristics`` over ``@triton.autotune``, ...): each module global is
+    followed down its ``.fn`` chain to the Autotuner, if any.  Triton's own modules and torch's
+    are skipped; nothing is imported here that was not loaded already.
+    """
+    at_mod = sys.modules.get('triton.runtime.autotuner')
+    Autotuner = getattr(at_mod, 'Autotuner', None)
+    if Autotuner is None:
+        return {}
+    found = {}
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or modname.split('.')[0] in ('triton', 'torch'):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for attr, obj in items:
+            o = obj
+            for _ in range(6):
+                if isinstance(o, Autotuner):
+                    found.setdefault(f'{modname}.{attr}', o)
+                    break
+                o = getattr(o, 'fn', None)
+                if o is None:
+                    break
+    return found
+
+
+def tuning_snapshot() -> dict:
+    """{kernel: {tuning key: chosen config}} for every autotuner that has chosen something."""
+    snap = {}
+    for name, tuner in _autotuners().items():
+        cache = getattr(tuner, 'cache', None) or {}
+        if cache:
+            snap[name] = {repr(key): str(cfg) for key, cfg in list(cache.items())}
+    return snap
+
+
+def tuning_added(before: dict, after: dict) -> dict:
+    """The (kernel, key) choices present in `after` but not in `before`."""
+    out = {}
+    for name, choices in after.items():
+        new = {k: v for k, v in choices.items() if k not in before.get(name, {})}
+        if new:
+            out[name] = new
+    return out
+
+
 def _cuda_time_ms(fn) -> float:
     """Device ms of fn() between two CUDA events on the current stream."""
     start = torch.cuda.Event(enable_timing=True)
@@ -515,10 +566,14 @@ class Cell:
             self.sets.append(s)
 
         t0 = time.perf_counter()
+        tuned_before = tuning_snapshot()
         for i in range(max(self.warmup, self.n_sets)):
             self.call(self.sets[i % self.n_sets])
         self._sync()
         warmup_s = time.perf_counter() - t0
+        # What Triton's autotuners chose during this cell's first calls: the session compares
+        # the two sides, since a different pick on an unchanged kernel is noise, not a win.
+        self.tuning = tuning_added(tuned_before, tuning_snapshot())
 
         nonfinite = {name: _nonfinite(t) for name, t in self.results(self.sets[0]).items()}
 
@@ -551,6 +606,7 @@ class Cell:
             'shape': self.shape,
             'per_call_ms_estimate': self.per_call_ms_estimate,
             'extra_kwargs': self.extra_kwarg_names,
+            'tuning': self.tuning,
         }
 
     def _choose_n_sets(self) -> int:

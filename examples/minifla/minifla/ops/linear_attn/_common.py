@@ -88,13 +88,16 @@ def block_size(d: int) -> int:
 
 
 def interpreter_dot_safe(t: torch.Tensor | None) -> torch.Tensor | None:
-    """Upcast bf16 CPU tensors to fp32 before they reach a kernel that uses tl.dot.
+    """Upcast bf16 tensors to fp32 before they reach a kernel that uses tl.dot, under the interpreter.
 
-    CPU tensors only ever run under Triton's interpreter, whose tl.dot multiplies the raw
-    uint16 bit patterns of bf16 operands (Triton 3.6), giving garbage.  fp16 and fp32 are
-    fine, and on a GPU nothing is changed.  Outputs keep their bf16 dtype: the kernels
-    convert on store.
+    Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are defined) multiplies the
+    raw uint16 bit patterns of bf16 operands in tl.dot (Triton 3.6), giving garbage, and it does
+    so for CUDA tensors too: it copies them to the host and runs NumPy.  CPU tensors only ever
+    run under the interpreter.  fp16 and fp32 are fine, and compiled kernels on a GPU get their
+    tensors unchanged.  Outputs keep their bf16 dtype: the kernels convert on store.
     """
-    if t is not None and t.device.type == 'cpu' and t.dtype == torch.bfloat16:
+    if t is None or t.dtype != torch.bfloat16:
+        return t
+    if t.device.type == 'cpu' or triton.knobs.runtime.interpret:
         return t.float()
     return t
