@@ -319,7 +319,8 @@ def _autotuners() -> dict:
     """
     at_mod = sys.modules.get('triton.runtime.autotuner')
     Autotuner = getattr(at_mod, 'Autotuner', None)
-    if Autotuner is None:
+    KernelInterface = getattr(sys.modules.get('triton.runtime.jit'), 'KernelInterface', None)
+    if Autotuner is None or KernelInterface is None:
         return {}
     found = {}
     for modname, mod in list(sys.modules.items()):
@@ -330,14 +331,19 @@ def _autotuners() -> dict:
         except TypeError:
             continue
         for attr, obj in items:
+            # Only Triton's own wrappers are followed: getattr on an arbitrary global (a lazy
+            # module, a proxy) can import things or raise.
             o = obj
-            for _ in range(6):
-                if isinstance(o, Autotuner):
-                    found.setdefault(f'{modname}.{attr}', o)
-                    break
-                o = getattr(o, 'fn', None)
-                if o is None:
-                    break
+            try:
+                for _ in range(6):
+                    if isinstance(o, Autotuner):
+                        found.setdefault(f'{modname}.{attr}', o)
+                        break
+                    if not isinstance(o, KernelInterface):
+                        break
+                    o = getattr(o, 'fn', None)
+            except Exception:
+                continue
     return found
 
 
