@@ -226,11 +226,13 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
 def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, max_pairs: int,
                   cell_seconds: float, half_width: float, margin: float, device: str, dtype: str,
                   inputs: list[str] | None, diff_tol: float, worker_timeout: float,
-                  sample_ms: float, independent_tuning: bool = False) -> session_mod.BenchConfig:
+                  sample_ms: float, independent_tuning: bool = False, rounds: int = 2) -> session_mod.BenchConfig:
     if device not in ("auto", "cuda", "cpu"):
         raise UsageError(f"--device {device!r} is not one of auto, cuda, cpu")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"--dtype {dtype!r} is not one of bfloat16, float16, float32")
+    if rounds < 1:
+        raise UsageError(f"--rounds {rounds}: need at least 1 (2 or more let a per-process effect show)")
     if min_pairs < 2 or max_pairs < min_pairs:
         raise UsageError(f"--min-pairs {min_pairs} / --max-pairs {max_pairs}: need 2 <= min-pairs <= max-pairs")
     return session_mod.BenchConfig(
@@ -239,6 +241,7 @@ def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, 
         modes=[m for m in (modes.split(",") if modes else c.modes) if m], aa=aa, varlen=varlen or c.varlen,
         min_pairs=min_pairs, max_pairs=max_pairs, cell_seconds=cell_seconds, half_width=half_width / 100,
         margin=margin / 100, device=device, dtype=dtype, diff_tol=diff_tol, shared_tuning=not independent_tuning,
+        rounds=rounds,
         overrides=contract_mod.parse_overrides(inputs or []))
 
 
@@ -252,6 +255,9 @@ def _run_bench(target: Target, c, base: str | None, shapes: list[str] | None, cf
             if kind == "warm":
                 bar.update(task, description="warm-up + correctness", completed=info["index"],
                            total=info["total"], last=info["cell"])
+            elif kind == "round":
+                bar.update(task, description=f"round {info['round']}/{info['rounds']}: fresh workers",
+                           completed=0, total=None, last="")
             elif kind == "pair":
                 bar.update(task, description=f"pairs {info['cell']}", completed=info["n"],
                            total=cfg.max_pairs, last=f"{info['kept']} kept")
@@ -304,6 +310,9 @@ def print_bench(record: dict, console: Console) -> None:
             note = (note + " launch-bound (host > device)").strip()
         if cell.get("timer") == "cuda_eager":
             note = (note + " eager timing (no CUDA graph)").strip()
+        if cell.get("rounds_disagree"):
+            note = (note + " rounds disagree (" + ", ".join(
+                f"{r['speedup']:.4f}x" for r in cell.get("rounds") or []) + ")").strip()
         if cell.get("tuning_differs"):
             note = (note + f" autotune picked differently for {len(cell['tuning_differs'])} kernel key(s)").strip()
         eager = summ.get("eager", {})
@@ -347,6 +356,10 @@ BaseOpt = Annotated[str | None, typer.Option("--base", help="Base git ref (defau
 ShapesOpt = Annotated[list[str] | None, typer.Option("--shapes", help="Shape names (default: the contract's).")]
 ModesOpt = Annotated[str | None, typer.Option("--modes", help="fwd,fwdbwd (default: the contract's).")]
 VarlenOpt = Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")]
+RoundsOpt = Annotated[int, typer.Option(
+    "--rounds",
+    help="Fresh worker processes this many times, start order swapped each round; rounds that "
+         "disagree keep a cell from FASTER/SLOWER.")]
 TuningOpt = Annotated[bool, typer.Option(
     "--independent-tuning",
     help="Let each side autotune on its own, even kernels whose source is unchanged (default: tuned once, shared).")]
@@ -372,14 +385,14 @@ def bench_cmd(
     cell_seconds: CellSecondsOpt = 60.0, half_width: HalfWidthOpt = 0.25, margin: MarginOpt = 0.5,
     device: DeviceOpt = "auto", dtype: DtypeOpt = "bfloat16", inputs: InputsOpt = None,
     diff_tol: DiffTolOpt = 0.005, worker_timeout: WorkerTimeoutOpt = 1800.0, sample_ms: SampleMsOpt = 10.0,
-    independent_tuning: TuningOpt = False,
+    independent_tuning: TuningOpt = False, rounds: RoundsOpt = 2,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     cfg = _bench_config(modes, c, aa, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning)
+                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning, rounds)
     record = _run_bench(target, c, base, shapes, cfg, _human(as_json), gate=None)
     record["last_gate"] = _last_gate_for(target, op, record["candidate"])
     if as_json:
@@ -400,7 +413,7 @@ def verify_cmd(
     cell_seconds: CellSecondsOpt = 60.0, half_width: HalfWidthOpt = 0.25, margin: MarginOpt = 0.5,
     device: DeviceOpt = "auto", dtype: DtypeOpt = "bfloat16", inputs: InputsOpt = None,
     diff_tol: DiffTolOpt = 0.005, worker_timeout: WorkerTimeoutOpt = 1800.0, sample_ms: SampleMsOpt = 10.0,
-    independent_tuning: TuningOpt = False,
+    independent_tuning: TuningOpt = False, rounds: RoundsOpt = 2,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Gate first, then the paired benchmark; never a benchmark on a red gate."""
@@ -408,7 +421,7 @@ def verify_cmd(
     c = contract_mod.Contract.load(target, op)
     console = _human(as_json)
     cfg = _bench_config(modes, c, False, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning)
+                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning, rounds)
     gate_dict = None
     if no_gate:
         console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "

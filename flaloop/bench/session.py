@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import queue
 import random
@@ -214,6 +215,12 @@ class BenchConfig:
     # (by the base, which warms first) and both sides run that choice; a changed kernel has a
     # different source hash and is tuned on its own side.
     shared_tuning: bool = True
+    # Each round starts fresh worker processes, the start and setup order swapped every round,
+    # and takes its share of the pairs. On the H200 one process pair's instance of a cell can
+    # carry its own offset (A/A of B8_T2048_H32_D256: -0.06% to -1.05% over eight readings, with
+    # identical autotune picks), which 16 pairs inside one pair of processes cannot see.
+    # Across rounds it shows as disagreement, which keeps a verdict from FASTER or SLOWER.
+    rounds: int = 2
 
 
 def tuning_differences(base: dict, cand: dict) -> list[str]:
@@ -238,6 +245,7 @@ class Pair:
     clock_before: dict | None
     clock_after: dict | None
     dropped: str | None = None
+    round: int = 0
 
 
 @dataclass
@@ -259,6 +267,8 @@ class CellResult:
     summary: dict = field(default_factory=dict)
     launch_bound: bool | None = None
     tuning_differs: list[str] = field(default_factory=list)
+    rounds: list[dict] = field(default_factory=list)  # per-round estimates, when rounds > 1
+    rounds_disagree: bool = False
 
     @property
     def kept(self) -> list[Pair]:
@@ -301,6 +311,8 @@ class Session:
         self.clocks: Clocks | None = None
         self.env_info: dict = {}
         self.errors: list[str] = []
+        self.round = 0
+        self.hellos: list[dict] = []  # per round: {side: hello}
 
     # -- lifecycle --
 
@@ -318,32 +330,56 @@ class Session:
                 env["TRITON_CACHE_AUTOTUNING"] = "1"
             else:
                 env.pop("TRITON_CACHE_AUTOTUNING", None)
-            device = self.cfg.device
-            for side, tree in (("base", base_tree), ("cand", cand_tree)):
-                w = Worker(side, self.python, tree, registry, self.op, device, self.run_dir / f"{side}.stderr",
-                           env=env)
-                stack.callback(w.close)
-                self.workers[side] = w
-            for side, w in self.workers.items():
-                w.hello = self._ask(side, "hello", self.cfg.setup_timeout)
-                if not w.hello.get("ok"):
-                    raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}",
-                                           w.hello.get("traceback", "")[-2000:])
-                for key in ("op_module_file", "op_func_file"):
-                    if not _inside(w.hello.get(key), w.tree):
-                        raise MeasurementError(
-                            f"the {side} worker imported {self.op} from {w.hello.get(key)}, "
-                            f"not from its tree {w.tree}",
-                            "an installed copy shadows the tree; uninstall it or fix sys.path: "
-                            "refusing to measure the wrong code")
-            hello = self.workers["base"].hello
-            self.clocks = Clocks(hello.get("device_uuid"))
-            self.env_info = fingerprint(hello, self.clocks)
-            self._warm_all()
+            trees = {"base": base_tree, "cand": cand_tree}
+            for rnd in range(max(1, self.cfg.rounds)):
+                self.round = rnd
+                if rnd and not any(r.status == "ok" for r in self.results):
+                    break
+                if rnd:
+                    self.on_event("round", round=rnd + 1, rounds=self.cfg.rounds)
+                with ExitStack() as stack:
+                    self._start_workers(stack, trees, registry, env)
+                    if rnd == 0:
+                        hello = self.workers["base"].hello
+                        self.clocks = Clocks(hello.get("device_uuid"))
+                        self.env_info = fingerprint(hello, self.clocks)
+                        self._warm_all()
+                    todo = [r for r in self.results if r.status == ("pending" if rnd == 0 else "ok")]
+                    for res in todo:
+                        if not self._measure(res):
+                            break  # a worker died: the rest of this round has no one to ask
             for res in self.results:
-                if res.status == "pending":
-                    self._measure(res)
+                if res.status == "ok" and len(res.kept) < 6:
+                    res.status = "failed"
+                    res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
         self.on_event("done")
+
+    def _order(self) -> tuple[str, str]:
+        """Which side starts, and sets up, first in this round: base in even rounds, cand in odd."""
+        return ("base", "cand") if self.round % 2 == 0 else ("cand", "base")
+
+    def _start_workers(self, stack: ExitStack, trees: dict[str, Path], registry: Path, env: dict) -> None:
+        self.workers = {}
+        for side in self._order():
+            stderr = self.run_dir / (f"{side}.stderr" if self.round == 0 else f"{side}-round{self.round + 1}.stderr")
+            w = Worker(side, self.python, trees[side], registry, self.op, self.cfg.device, stderr, env=env)
+            stack.callback(w.close)
+            self.workers[side] = w
+        self.hellos.append({})
+        for side in self._order():
+            w = self.workers[side]
+            w.hello = self._ask(side, "hello", self.cfg.setup_timeout)
+            self.hellos[-1][side] = w.hello
+            if not w.hello.get("ok"):
+                raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}",
+                                       w.hello.get("traceback", "")[-2000:])
+            for key in ("op_module_file", "op_func_file"):
+                if not _inside(w.hello.get(key), w.tree):
+                    raise MeasurementError(
+                        f"the {side} worker imported {self.op} from {w.hello.get(key)}, "
+                        f"not from its tree {w.tree}",
+                        "an installed copy shadows the tree; uninstall it or fix sys.path: "
+                        "refusing to measure the wrong code")
 
     def _ask(self, side: str, cmd: str, timeout: float, **payload) -> dict:
         return self.workers[side].request(cmd, timeout, **payload)
@@ -435,28 +471,38 @@ class Session:
     def _clock(self) -> ClockReading | None:
         return self.clocks.read() if self.clocks else None
 
-    def _measure(self, res: CellResult) -> None:
+    def _measure(self, res: CellResult) -> bool:
+        """Sample one cell for this round; False when a worker died on the way."""
         t0 = time.monotonic()
         try:
             self._sample_cell(res, t0)
         except WorkerFailed as exc:
             self._side_died(exc)
-            if res.status == "pending":
-                res.status, res.reason = "failed", exc.message
+            if res.status in ("pending", "ok"):
+                res.status, res.reason = "failed", f"round {self.round + 1}: {exc.message}"
+            return False
         else:
             self._release(res)
+            return not any(w.dead for w in self.workers.values())
         finally:
-            res.seconds = time.monotonic() - t0
+            res.seconds += time.monotonic() - t0
 
     def _sample_cell(self, res: CellResult, t0: float) -> None:
-        rule = stats.CIHalfWidthStop(target=self.cfg.half_width, min_pairs=self.cfg.min_pairs,
-                                     max_pairs=self.cfg.max_pairs, max_seconds=self.cfg.cell_seconds)
-        for side in ("base", "cand"):
+        # Each round takes its share of the pairs and time; its target half-width is wider by
+        # sqrt(rounds), so that the pooled CI lands near the configured one.
+        n_rounds = max(1, self.cfg.rounds)
+        min_r = max(2, math.ceil(self.cfg.min_pairs / n_rounds))
+        min_r += min_r % 2  # whole ABBA blocks
+        max_r = max(min_r, math.ceil(self.cfg.max_pairs / n_rounds))
+        rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
+                                     max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
+        for side in self._order():
             r = self._setup(res, side, res.k, "eager" if res.timer == "cuda_eager" else "auto")
             if not r.get("ok"):
                 return self._fail(res, side, r)
+        mine: list[Pair] = []
         while True:
-            order = "AB" if len(res.pairs) % 2 == 0 else "BA"
+            order = "AB" if len(mine) % 2 == 0 else "BA"
             before = self._clock()
             t = {}
             for side in (("base", "cand") if order == "AB" else ("cand", "base")):
@@ -466,23 +512,29 @@ class Session:
                     return self._fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
                 t[side] = times[0]
             after = self._clock()
-            res.pairs.append(Pair(order, t["base"], t["cand"], before and before.to_dict(),
-                                  after and after.to_dict(), self._drop_reason(before, after)))
-            r_kept = res.log_ratios()
-            self.on_event("pair", cell=res.cell.id, n=len(res.pairs), kept=len(r_kept))
-            if rule.enough(r_kept, time.monotonic() - t0) or len(res.pairs) >= 3 * self.cfg.max_pairs:
-                res.stop_reason = rule.reason
+            pair = Pair(order, t["base"], t["cand"], before and before.to_dict(),
+                        after and after.to_dict(), self._drop_reason(before, after), round=self.round)
+            res.pairs.append(pair)
+            mine.append(pair)
+            r_kept = np.log(np.array([p.cand_ms / p.base_ms for p in mine if p.dropped is None]))
+            self.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
+            if rule.enough(r_kept, time.monotonic() - t0) or len(mine) >= 3 * max_r:
+                res.stop_reason = (res.stop_reason + "; " if res.stop_reason else "") + (
+                    f"round {self.round + 1}: {rule.reason}" if n_rounds > 1 else rule.reason)
                 break
-        for i in range(self.cfg.n_eager):
+        for i in range(max(2, self.cfg.n_eager // n_rounds)):
             for side in (("base", "cand") if i % 2 == 0 else ("cand", "base")):
                 r = self._ask(side, "eager", self.cfg.sample_timeout, cell=res.cell.id, n=1)
                 if r.get("ok"):
                     e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
                     e["host_ms"] += r["host_ms"]
                     e["wall_ms"] += r["wall_ms"]
-        res.status = "ok" if len(res.kept) >= 6 else "failed"
-        if res.status == "failed":
-            res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
+        kept = sum(p.dropped is None for p in mine)
+        if kept < 2:
+            res.status = "failed"
+            res.reason = f"round {self.round + 1}: only {kept} usable pairs ({len(mine) - kept} dropped)"
+        else:
+            res.status = "ok"  # for now: the pooled count is judged after the last round
 
     def _drop_reason(self, before: ClockReading | None, after: ClockReading | None) -> str | None:
         for r in (before, after):
@@ -501,6 +553,10 @@ def analyse(results: list[CellResult], margin: float, seed: int = 0) -> dict:
     measured = [r for r in results if r.status == "ok"]
     ratios = [r.log_ratios() for r in measured]
     verdicts = stats.holm_verdicts(ratios, margin=margin, seed=seed) if measured else []
+    for i, r in enumerate(measured):
+        r.rounds, r.rounds_disagree = round_estimates(r, seed)
+        if r.rounds_disagree and verdicts[i] in (stats.Verdict.FASTER, stats.Verdict.SLOWER):
+            verdicts[i] = stats.Verdict.UNSURE
     for r, lr, v in zip(measured, ratios, verdicts, strict=True):
         r.estimate = stats.estimate_speedup(lr, seed=seed).to_dict()
         r.verdict = v.value
@@ -521,6 +577,31 @@ def analyse(results: list[CellResult], margin: float, seed: int = 0) -> dict:
             "n_blocked": sum(r.status == "blocked" for r in results),
             "n_refused": sum(r.status == "refused" for r in results),
             "n_failed": sum(r.status == "failed" for r in results)}
+
+
+def round_estimates(res: CellResult, seed: int = 0) -> tuple[list[dict], bool]:
+    """Each round's own speedup estimate and CI, and whether two rounds' CIs fail to overlap.
+
+    Rounds run in fresh processes with the start order swapped, so a speedup that belongs to the
+    code shows in every round, while one that belongs to a process (where its buffers landed,
+    which process started first) moves between rounds.
+    """
+    by_round: dict[int, list[float]] = {}
+    for p in res.kept:
+        by_round.setdefault(p.round, []).append(math.log(p.cand_ms / p.base_ms))
+    if len(by_round) < 2:
+        return [], False
+    out = []
+    for rnd in sorted(by_round):
+        lr = by_round[rnd]
+        if len(lr) < 2:
+            continue
+        est = stats.estimate_speedup(lr, seed=seed)
+        out.append({"round": rnd + 1, "n_pairs": len(lr), "speedup": est.speedup,
+                    "ci_low": est.ci_low, "ci_high": est.ci_high})
+    disagree = any(a["ci_high"] < b["ci_low"] or b["ci_high"] < a["ci_low"]
+                   for i, a in enumerate(out) for b in out[i + 1:])
+    return out, disagree
 
 
 def write_record(run_dir: Path, record: dict) -> Path:
@@ -569,7 +650,8 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
             "aa": cfg.aa, "base": {"ref": base_ref or contract.base_ref, "commit": base_commit},
             "candidate": {"tree": "base worktree (A/A)" if cfg.aa else str(target.root), **tree},
             "config": asdict(cfg), "env": session.env_info,
-            "workers": {s: w.hello for s, w in session.workers.items()},
+            "workers": session.hellos[0] if session.hellos else {},
+            "rounds": [{s: h.get("pid") for s, h in hs.items()} for hs in session.hellos],
             "gate": gate, "unverified": gate is None, "interrupted": interrupted,
             "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2),
             "summary": summary, "cells": [r.to_dict() for r in session.results],

@@ -1,0 +1,178 @@
+"""Autotune picks and rounds: what a worker reports Triton chose, how the session compares the
+two sides, and how fresh-process rounds keep a per-process effect from becoming a verdict."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import commit_all, flaloop
+
+from flaloop.bench import session as session_mod
+from flaloop.bench import worker as worker_mod
+
+TUNED_KERNEL = '''
+import torch
+import triton
+import triton.language as tl
+
+CALLS = []
+
+
+def fake_bench(kernel_call, quantiles=None):
+    """Runs the kernel for real; says the second config benched is the faster one."""
+    kernel_call()
+    CALLS.append(1)
+    t = 2.0 if len(CALLS) % 2 == 1 else 1.0
+    return [t, t, t]
+
+
+@triton.autotune(configs=[triton.Config({'BS': 16}), triton.Config({'BS': 32})], key=['n'], do_bench=fake_bench)
+@triton.jit
+def double(x, y, n, BS: tl.constexpr):
+    o = tl.arange(0, BS)
+    m = o < n
+    tl.store(y + o, tl.load(x + o, mask=m) * 2, mask=m)
+
+
+def run(n):
+    x = torch.arange(n, dtype=torch.float32)
+    y = torch.empty_like(x)
+    double[(1,)](x, y, n)
+    return y
+'''
+
+
+def test_worker_reports_each_autotuned_kernel_and_the_config_it_picked(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    (tmp_path / "tuned_pkg_mod.py").write_text(TUNED_KERNEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("tuned_pkg_mod")
+    try:
+        before = worker_mod.tuning_snapshot()
+        assert "tuned_pkg_mod.double" not in before
+        assert mod.run(8).tolist() == [2.0 * i for i in range(8)]
+        added = worker_mod.tuning_added(before, worker_mod.tuning_snapshot())
+        assert list(added) == ["tuned_pkg_mod.double"]
+        ((key, config),) = added["tuned_pkg_mod.double"].items()
+        assert "8" in key and "BS: 32" in config
+        mod.run(8)  # same key: nothing new is tuned
+        assert worker_mod.tuning_added(worker_mod.tuning_snapshot(), worker_mod.tuning_snapshot()) == {}
+    finally:
+        sys.modules.pop("tuned_pkg_mod", None)
+
+
+def test_tuning_differences_names_kernels_tuned_by_both_sides_with_different_picks():
+    base = {"m.k1": {"(64,)": "BS: 16", "(128,)": "BS: 32"}, "m.k2": {"(64,)": "BS: 64"}, "m.only_base": {"(1,)": "x"}}
+    cand = {"m.k1": {"(64,)": "BS: 16", "(128,)": "BS: 64"}, "m.k2": {"(64,)": "BS: 64"}, "m.only_cand": {"(1,)": "y"}}
+    assert session_mod.tuning_differences(base, cand) == ["m.k1 (128,): base [BS: 32] cand [BS: 64]"]
+    assert session_mod.tuning_differences(base, base) == []
+
+
+def _result(rounds: list[list[float]]) -> session_mod.CellResult:
+    cell = session_mod.Cell("S", {"B": 1}, "fwd", "bfloat16")
+    res = session_mod.CellResult(cell)
+    for rnd, ratios in enumerate(rounds):
+        for i, ratio in enumerate(ratios):
+            res.pairs.append(session_mod.Pair("AB" if i % 2 == 0 else "BA", 1.0, ratio, None, None, round=rnd))
+    return res
+
+
+def test_rounds_that_disagree_are_flagged_and_rounds_that_agree_are_not():
+    noise = [1.0, 1.001, 0.999, 1.0005, 0.9995, 1.0, 1.0002, 0.9998]
+    agree = _result([[0.9 * x for x in noise], [0.9 * x for x in reversed(noise)]])
+    rounds, disagree = session_mod.round_estimates(agree)
+    assert not disagree and [r["round"] for r in rounds] == [1, 2]
+    assert all(abs(r["speedup"] - 1 / 0.9) < 0.01 for r in rounds)
+    split = _result([[0.99 * x for x in noise], [1.01 * x for x in noise]])
+    rounds, disagree = session_mod.round_estimates(split)
+    assert disagree and rounds[0]["speedup"] > 1 > rounds[1]["speedup"]
+    assert session_mod.round_estimates(_result([noise])) == ([], False)
+
+
+def test_analyse_keeps_a_cell_whose_rounds_disagree_from_a_verdict():
+    noise = [1.0, 1.001, 0.999, 1.0005, 0.9995, 1.0, 1.0002, 0.9998]
+    split = _result([[0.95 * x for x in noise], [0.99 * x for x in noise]])  # both faster, by 5% and 1%
+    split.status = "ok"
+    steady = _result([[0.95 * x for x in noise], [0.95 * x for x in reversed(noise)]])
+    steady.status = "ok"
+    session_mod.analyse([split, steady], margin=0.005)
+    assert split.rounds_disagree and split.verdict == "UNSURE"
+    assert not steady.rounds_disagree and steady.verdict == "FASTER"
+
+
+# A toy op whose speed depends on the process, not the code: the first process to call it in
+# each pair of processes stalls for 150 ms per call (a sleep: CPU contention from other tests
+# cannot shrink it). The same committed code runs on both sides (A/A).
+ORDER_SENSITIVE = '''import fcntl
+import os
+import time
+
+import torch
+
+_SLOW = None
+
+
+def _slow():
+    """True in the 1st, 3rd, 5th... process to call the op (counted in TOY_ORDER_FILE)."""
+    global _SLOW
+    if _SLOW is None:
+        with open(os.environ["TOY_ORDER_FILE"], "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            n = len(f.read().split())
+            f.write(f"{os.getpid()}\\n")
+        _SLOW = n % 2 == 0
+    return _SLOW
+
+
+def _attn(q, k, v, scale):
+    a = torch.einsum('bthd,bshd->bhts', q.float(), k.float()) * scale
+    return torch.einsum('bhts,bshd->bthd', a.tril(), v.float())
+
+
+def toy_attn(q, k, v, scale=None, cu_seqlens=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    o = _attn(q, k, v, scale)
+    if _slow():  # a stall, as a process that drew worse memory or started cold might have
+        time.sleep(0.15)
+    return o.to(q.dtype), None
+
+
+def toy_log(q):
+    return (q.float().log() + 1).to(q.dtype), None
+'''
+
+
+def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdict(toy, tmp_path):
+    (toy / "toyop/ops/toy/fast.py").write_text(ORDER_SENSITIVE)
+    commit_all(toy)
+    args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
+            "--min-pairs", "12", "--max-pairs", "12", "--cell-seconds", "60"]
+
+    one = flaloop(toy, *args, "--rounds", "1", env={"TOY_ORDER_FILE": str(tmp_path / "order1")})
+    assert one.code == 0, one.stderr[-2000:]
+    (cell,) = json.loads(one.stdout)["cells"]
+    # one pair of processes: identical code reads as a large win
+    assert cell["verdict"] == "FASTER" and cell["estimate"]["speedup"] > 3
+
+    two = flaloop(toy, *args, env={"TOY_ORDER_FILE": str(tmp_path / "order2")})
+    assert two.code == 0, two.stderr[-2000:]
+    rec = json.loads(two.stdout)
+    (cell,) = rec["cells"]
+    assert len(rec["rounds"]) == 2 and set(rec["rounds"][0].values()).isdisjoint(rec["rounds"][1].values())
+    assert sorted({p["round"] for p in cell["pairs"]}) == [0, 1]
+    first, second = cell["rounds"]
+    assert first["speedup"] > 3 and second["speedup"] < 1 / 3  # the slow process swapped sides
+    assert cell["rounds_disagree"] is True and cell["verdict"] == "UNSURE"
+    assert len((tmp_path / "order2").read_text().split()) == 4  # four processes, two per round
+
+
+def test_rounds_below_one_is_a_usage_error(toy):
+    r = flaloop(toy, "bench", "toy_attn", "--device", "cpu", "--rounds", "0")
+    assert r.code == 2 and "--rounds 0" in r.stderr
