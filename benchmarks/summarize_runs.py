@@ -52,7 +52,11 @@ def summarize(path: str, goal: str | None = None) -> None:
             med = (c.get("summary") or {}).get("base", {}).get("median")
             print(f"  {c['cell']['id']:<34} {c['timer']:<10} base {med:.4f} ms  cand-vs-base {bias:+.3f}% {ci} "
                   f"{c['verdict']:<7} pairs {len(c['pairs']) - c['dropped_pairs']}/{len(c['pairs'])} "
-                  f"sampling {c['seconds']:.1f}s warm-up {_warmup(c):.1f}s  launch-bound {c.get('launch_bound')}")
+                  f"measuring {c['seconds']:.1f}s warm-up {_warmup(c):.1f}s  launch-bound {c.get('launch_bound')}")
+            for r in c.get("rounds") or []:
+                print(f"      round {r['round']}: {(1 / r['speedup'] - 1) * 100:+.3f}% "
+                      f"[{(1 / r['ci_high'] - 1) * 100:+.3f}%, {(1 / r['ci_low'] - 1) * 100:+.3f}%] "
+                      f"over {r['n_pairs']} pairs")
             for d in c.get("tuning_differs") or []:
                 print(f"      autotune differs: {d[:300]}")
         else:
