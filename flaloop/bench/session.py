@@ -337,8 +337,8 @@ class Session:
                     break
                 if rnd:
                     self.on_event("round", round=rnd + 1, rounds=self.cfg.rounds)
-                with ExitStack() as stack:
-                    self._start_workers(stack, trees, registry, env)
+                with ExitStack() as this_round:  # the round's workers end with it; the worktree stays
+                    self._start_workers(this_round, trees, registry, env)
                     if rnd == 0:
                         hello = self.workers["base"].hello
                         self.clocks = Clocks(hello.get("device_uuid"))
