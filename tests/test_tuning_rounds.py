@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import commit_all, flaloop
