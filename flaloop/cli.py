@@ -58,8 +58,12 @@ def command(fn: Callable) -> Callable:
             if exc.hint:
                 err.print(f"  hint: {exc.hint}")
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            err.print("interrupted: temporary worktrees and processes were cleaned up")
+        except KeyboardInterrupt as exc:
+            record = getattr(exc, "record_path", None)
+            if as_json:
+                print(json.dumps({"ok": False, "error": "interrupted", "exit_code": 130, "record": record}))
+            err.print("interrupted: temporary worktrees and processes were cleaned up"
+                      + (f"; the run record so far: {record}" if record else ""))
             raise typer.Exit(130) from None
 
     return wrapper

@@ -100,7 +100,7 @@ def test_hung_worker_times_out_and_is_reported(toy):
 
 def test_ctrl_c_removes_the_worktree_and_the_workers(toy):
     edit(toy / FAST, "    scale = q.shape", "    import time\n    time.sleep(120)\n    scale = q.shape")
-    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "bench", "toy_attn", *QUICK], cwd=toy,
+    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "bench", "toy_attn", "--json", *QUICK], cwd=toy,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TRITON_INTERPRET": "1"})
     deadline = time.monotonic() + 60
@@ -110,9 +110,12 @@ def test_ctrl_c_removes_the_worktree_and_the_workers(toy):
     assert wt, "the base worktree never appeared"
     time.sleep(3)  # let the workers start and block inside the op
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err
+    doc = json.loads(out)  # an agent still gets one JSON document, naming the partial record
+    assert doc["exit_code"] == 130 and doc["error"] == "interrupted"
+    assert json.loads(Path(doc["record"]).read_text())["interrupted"] is True
     assert worktrees(toy) == [str(toy)]
     assert not Path(wt[0]).exists() and not Path(wt[0]).parent.exists()
     leftover = subprocess.run(["pgrep", "-f", f"worker.py --tree {wt[0]}"], capture_output=True, text=True)

@@ -659,10 +659,11 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
     tree = git.tree_state(target.root)
     t0 = time.monotonic()
     interrupted = False
+    pending: KeyboardInterrupt | None = None
     try:
         session.run()
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as exc:
+        interrupted, pending = True, exc
         raise
     finally:
         summary = analyse(session.results, cfg.margin, cfg.seed)
@@ -679,4 +680,6 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
         }
         if session.workers or interrupted:
             record["path"] = str(write_record(run_dir, record))
+        if pending is not None:  # so that `--json` can still name the record of a cut-short run
+            pending.record_path = record.get("path")
     return record
