@@ -28,10 +28,20 @@ t_start=$(date +%s)
 left() { local l=$(( DEADLINE_S - ($(date +%s) - t_start) )); echo $(( l > 1 ? l : 1 )); }
 cap() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }  # at most $1 seconds, within the deadline
 # A phase cut short by its timeout gets SIGINT: flaloop then still writes its run record, which
-# stands in for the missing --json document.
-from_record() {  # from_record JSON KIND: the newest run record of KIND when JSON came back empty
-  [[ -s $1 ]] && return
-  local rec; rec=$(ls -t "$FLA"/profile/$OP-opt/runs/*-"$2"/record.json 2>/dev/null | head -n 1)
+# stands in for the result (stdout then holds only {"ok": false, "error": "interrupted", "record": ...}).
+from_record() {  # from_record JSON KIND: when JSON holds no result, the run record it names (or the newest of KIND)
+  local rec
+  rec=$(python3 - "$1" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    d = {}
+print("keep" if "cells" in d or "bench" in d else d.get("record") or "")
+PY
+)
+  [[ $rec == keep ]] && return
+  [[ -n $rec ]] || rec=$(ls -t "$FLA"/profile/$OP-opt/runs/*-"$2"/record.json 2>/dev/null | head -n 1)
   [[ -n $rec ]] && cp "$rec" "$1" && echo "(cut short: using $rec)"
 }
 shape_args=(); for s in $SHAPES; do shape_args+=(--shapes "$s"); done

@@ -17,7 +17,9 @@ python3 -m flaloop init "$OP" --repo "$FLA" --target 1.1x --input k=l2norm --inp
 timeout -s INT -k 15 "${LIMIT_S:-150}" python3 -m flaloop bench "$OP" --repo "$FLA" --aa --json --modes "${MODES:-fwd}" \
   --rounds "${ROUNDS:-4}" --min-pairs 24 --max-pairs 40 --cell-seconds 40 > "$OUT/aa_rounds.json" 2> "$OUT/aa_rounds.err"
 echo "bench exit $?"
-[[ -s $OUT/aa_rounds.json ]] || cp "$(ls -t "$FLA"/profile/$OP-opt/runs/*/record.json | head -n 1)" "$OUT/aa_rounds.json"
+# cut short: stdout holds {"ok": false, "error": "interrupted", "record": PATH}; use the record
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if "cells" in d else 1)' "$OUT/aa_rounds.json" 2>/dev/null \
+  || cp "$(ls -t "$FLA"/profile/$OP-opt/runs/*/record.json | head -n 1)" "$OUT/aa_rounds.json"
 python3 - "$OUT/aa_rounds.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
