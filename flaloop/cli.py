@@ -315,7 +315,7 @@ def print_bench(record: dict, console: Console) -> None:
         if cell.get("timer") == "cuda_eager":
             note = (note + " eager timing (no CUDA graph)").strip()
         if cell.get("rounds_disagree"):
-            note = (note + " rounds disagree (" + ", ".join(
+            note = (note + " rounds differ beyond their CIs (" + ", ".join(
                 f"{r['speedup']:.4f}x" for r in cell.get("rounds") or []) + ")").strip()
         if cell.get("tuning_differs"):
             note = (note + f" autotune picked differently for {len(cell['tuning_differs'])} kernel key(s)").strip()
@@ -335,7 +335,8 @@ def print_bench(record: dict, console: Console) -> None:
                       f"({s['n_measured']}/{s['n_cells']} cells measured)")
     differs = [(cell["cell"]["id"], d) for cell in record["cells"] for d in cell.get("tuning_differs") or []]
     if differs:
-        how = ("tuning was shared, so these kernels' source differs between the sides"
+        how = ("tuning was shared, so these kernels differ in source between the sides, or their configs "
+               "carry pre-hooks, which Triton does not cache"
                if (record.get("config") or {}).get("shared_tuning") else
                "each side tuned on its own (--independent-tuning): part of a difference may be tuning noise")
         console.print(f"[yellow]autotune chose differently on the two sides ({how}):[/]", markup=True)
@@ -362,8 +363,8 @@ ModesOpt = Annotated[str | None, typer.Option("--modes", help="fwd,fwdbwd (defau
 VarlenOpt = Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")]
 RoundsOpt = Annotated[int, typer.Option(
     "--rounds",
-    help="Fresh worker processes this many times, start order swapped each round; rounds that "
-         "disagree keep a cell from FASTER/SLOWER.")]
+    help="Fresh worker processes this many times, start order swapped each round; a FASTER/SLOWER "
+         "verdict needs every round's estimate on its side of the margin.")]
 TuningOpt = Annotated[bool, typer.Option(
     "--independent-tuning",
     help="Let each side autotune on its own, even kernels whose source is unchanged (default: tuned once, shared).")]

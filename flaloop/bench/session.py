@@ -210,10 +210,10 @@ class BenchConfig:
     aa: bool = False
     overrides: dict[str, str] = field(default_factory=dict)
     # Triton's autotuner picks by timing, so two processes running the same kernel can pick
-    # different configs (on the H200, an A/A of chunk_delta_rule B8_T2048_H32_D256 fwdbwd read
-    # the candidate 1.0% faster, twice). Shared, a kernel whose source is unchanged is tuned once
-    # (by the base, which warms first) and both sides run that choice; a changed kernel has a
-    # different source hash and is tuned on its own side.
+    # different configs: noise that would read as a win or a loss of the candidate. Shared, a
+    # kernel whose source is unchanged is tuned once (by whichever side warms it first) and both
+    # sides run that pick; a changed kernel has a different source hash and is tuned on its own
+    # side. The picks are recorded either way (CellResult.tuning_differs).
     shared_tuning: bool = True
     # Each round starts fresh worker processes, the start and setup order swapped every round,
     # and takes its share of the pairs. On the H200 the side that started and set up first ran
