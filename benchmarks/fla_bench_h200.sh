@@ -79,7 +79,7 @@ fi
 
 if has verify; then
 # The same scope on both sides: the full gate, then every registry shape x fwd/fwdbwd against HEAD.
-echo "== verify: flaloop vs FLA ($(left)s left)"
+echo "== verify: flaloop vs FLA ($(left)s left; $(find "$TRITON_CACHE_DIR" -type f 2>/dev/null | wc -l) files in $TRITON_CACHE_DIR)"
 t0=$(date +%s)
 timeout -s INT -k 30 "$(left)" python3 -m flaloop verify "$OP" --repo "$FLA" --base HEAD --json ${VERIFY_ARGS:---workers 4} $PAIRS \
   > "$OUT/verify_flaloop.json" 2> "$OUT/verify_flaloop.err"

@@ -2,7 +2,8 @@
 # All of flaloop's H200 evidence for issues 2 and 3 in one lease, spread over two GPUs when the
 # machine has them (nvidia-h200-x2), run in the background so that it outlives one device call:
 #   lane A (GPU 0): fla_gate_h200.sh (list, init, full gate cold then warm), then the
-#                   `flaloop verify` vs FLA `benchmarks.ops.verify --base HEAD` timing;
+#                   `flaloop verify` vs FLA `benchmarks.ops.verify --base HEAD` timing, both on
+#                   the Triton cache lane B's A/A has filled for the bench shapes (two GPUs);
 #   lane B (GPU 1): fla_bench_h200.sh's A/A and planted slowdown on a copy of the checkout
 #                   (the slowdown edits chunk.py, which lane A's gate must not see), then the
 #                   GPU-only tests.
@@ -20,6 +21,15 @@ cmd=${1:-}
 lane_a() {
   export CUDA_VISIBLE_DEVICES=0 TRITON_CACHE_DIR=/tmp/tc-a FLALOOP_TRITON_CACHE_DIR=/tmp/tc-a
   OUT=$WORK/gate FLA=.fla GATE_TIMEOUT=600 GATE_ARGS="--workers 6" bash benchmarks/fla_gate_h200.sh
+  # The verify comparison wants both tools on a warm Triton cache: with two GPUs, wait (at most
+  # 420 s) for lane B's A/A to have compiled and tuned every bench cell, then share its cache.
+  if [[ ${SHARE_B_CACHE:-0} == 1 ]]; then
+    local w=0
+    until grep -q '^aa exit' "$WORK/lane_b.log" 2>/dev/null || (( w >= 420 )); do sleep 5; w=$(( w + 5 )); done
+    echo "waited ${w}s for lane B's A/A"
+    cp -an /tmp/tc-a/. /tmp/tc-b/  # the gate's kernels too (cache entries are content-addressed)
+    export FLALOOP_TRITON_CACHE_DIR=/tmp/tc-b
+  fi
   local left=$(( LANE_S - ($(date +%s) - $(cat "$WORK/t0")) ))
   OUT=$WORK/verify FLA=.fla PHASES=verify DEADLINE_S=$left bash benchmarks/fla_bench_h200.sh
 }
@@ -58,7 +68,7 @@ case $cmd in
     export PYTHONUNBUFFERED=1
     ngpu=$(nvidia-smi -L | wc -l)
     if (( ngpu >= 2 )); then
-      setsid bash -c "$(declare -f lane_a); WORK=$WORK LANE_S=$LANE_S lane_a > $WORK/lane_a.log 2>&1; touch $WORK/a.done" </dev/null &
+      setsid bash -c "$(declare -f lane_a); WORK=$WORK LANE_S=$LANE_S SHARE_B_CACHE=1 lane_a > $WORK/lane_a.log 2>&1; touch $WORK/a.done" </dev/null &
       setsid bash -c "$(declare -f lane_b); WORK=$WORK LANE_S=$LANE_S lane_b 1 > $WORK/lane_b.log 2>&1; touch $WORK/b.done" </dev/null &
     else
       setsid bash -c "$(declare -f lane_a lane_b); WORK=$WORK LANE_S=$LANE_S; lane_a > $WORK/lane_a.log 2>&1; touch $WORK/a.done; lane_b 0 > $WORK/lane_b.log 2>&1; touch $WORK/b.done" </dev/null &
