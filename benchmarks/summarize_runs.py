@@ -1,8 +1,9 @@
 """Print the figures of flaloop bench/verify JSON outputs: per cell the bias or speedup with its
 CI, verdict, pairs and GPU seconds; per run the geomean; and whether a run met its goal.
 
-Usage: summarize_runs.py [GOAL=]FILE...   GOAL: aa (every |bias| <= 0.25%, no FASTER/SLOWER)
-                                                slower (every cell SLOWER)"""
+Usage: summarize_runs.py [GOAL=]FILE[,FILE...]...   GOAL: aa (every |bias| <= 0.25%, no FASTER/SLOWER)
+                                                          slower (every cell SLOWER)
+Several files joined by commas (one run split over GPUs) are printed one by one and judged as one."""
 
 from __future__ import annotations
 
@@ -31,16 +32,17 @@ def check_goal(goal: str, cells: list[dict]) -> str:
     return f"goal {goal}: unknown goal"
 
 
-def summarize(path: str, goal: str | None = None) -> None:
+def summarize(path: str) -> list[dict] | None:
+    """Print one run's cells; return them (None when the file holds no bench record)."""
     try:
         doc = json.load(open(path))
     except (OSError, json.JSONDecodeError) as exc:
         print(f"{path}: no result ({exc})")
-        return
+        return None
     rec = doc.get("bench", doc) if "bench" in doc else doc
     if not rec or "cells" not in rec:
         print(f"{path}: no bench record: {doc.get('error') or (doc.get('gate') or {}).get('findings')}")
-        return
+        return None
     env = rec.get("env") or {}
     print(f"== {path}: {'A/A' if rec.get('aa') else 'candidate vs base'} on {env.get('device_name')} "
           f"(torch {env.get('torch')}, triton {env.get('triton')}), wall {rec.get('wall_s')}s")
@@ -61,15 +63,24 @@ def summarize(path: str, goal: str | None = None) -> None:
                 print(f"      autotune differs: {d[:300]}")
         else:
             print(f"  {c['cell']['id']:<34} {c['status'].upper()}: {c.get('reason', '')[:160]}")
-    if goal:
-        print("  " + check_goal(goal, rec["cells"]))
+    if rec.get("primed"):
+        print(f"  measured in fresh workers after the warm-up ({rec['primed']['new_cache_entries']} new cache entries)")
+    if rec.get("contested"):
+        print(f"  extra rounds ({len(rec.get('rounds') or [])} in all) for: {', '.join(rec['contested'])}")
     g = (rec.get("summary") or {}).get("geomean")
     if g:
         print(f"  geomean speedup {g['speedup']:.5f} [{g['ci_low']:.5f}, {g['ci_high']:.5f}] "
               f"regressions {g['n_regressions']}")
+    return rec["cells"]
 
 
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
-        goal, sep, path = arg.partition("=")
-        summarize(path, goal) if sep else summarize(arg)
+        goal, sep, paths = arg.partition("=")
+        if not sep:
+            goal, paths = "", arg
+        runs = [summarize(p) for p in paths.split(",")]
+        if goal:
+            cells = [c for r in runs for c in (r or [])]
+            print(f"  {check_goal(goal, cells) if all(r is not None for r in runs) else f'goal {goal}: NOT MET (a run has no record)'}"
+                  + (f" [over {len(runs)} runs]" if len(runs) > 1 else ""))

@@ -230,13 +230,16 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
 def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, max_pairs: int,
                   cell_seconds: float, half_width: float, margin: float, device: str, dtype: str,
                   inputs: list[str] | None, diff_tol: float, worker_timeout: float,
-                  sample_ms: float, independent_tuning: bool = False, rounds: int = 2) -> session_mod.BenchConfig:
+                  sample_ms: float, independent_tuning: bool = False, rounds: int = 2,
+                  max_rounds: int = 4) -> session_mod.BenchConfig:
     if device not in ("auto", "cuda", "cpu"):
         raise UsageError(f"--device {device!r} is not one of auto, cuda, cpu")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"--dtype {dtype!r} is not one of bfloat16, float16, float32")
     if rounds < 1:
         raise UsageError(f"--rounds {rounds}: need at least 1 (2 or more let a per-process effect show)")
+    if max_rounds < 0:
+        raise UsageError(f"--max-rounds {max_rounds}: need 0 or more (at most --rounds: no extra rounds)")
     if min_pairs < 2 or max_pairs < min_pairs:
         raise UsageError(f"--min-pairs {min_pairs} / --max-pairs {max_pairs}: need 2 <= min-pairs <= max-pairs")
     return session_mod.BenchConfig(
@@ -245,7 +248,7 @@ def _bench_config(modes: str | None, c, aa: bool, varlen: bool, min_pairs: int, 
         modes=[m for m in (modes.split(",") if modes else c.modes) if m], aa=aa, varlen=varlen or c.varlen,
         min_pairs=min_pairs, max_pairs=max_pairs, cell_seconds=cell_seconds, half_width=half_width / 100,
         margin=margin / 100, device=device, dtype=dtype, diff_tol=diff_tol, shared_tuning=not independent_tuning,
-        rounds=rounds,
+        rounds=rounds, max_rounds=max(rounds, max_rounds),
         overrides=contract_mod.parse_overrides(inputs or []))
 
 
@@ -261,7 +264,10 @@ def _run_bench(target: Target, c, base: str | None, shapes: list[str] | None, cf
                            total=info["total"], last=info["cell"])
             elif kind == "round":
                 bar.update(task, description=f"round {info['round']}/{info['rounds']}: fresh workers",
-                           completed=0, total=None, last="")
+                           completed=0, total=None, last=f"{info['cells']} cell(s)")
+            elif kind == "prime":
+                bar.update(task, description="fresh workers to measure (the warm-up compiled or tuned)",
+                           completed=0, total=None, last=f"{info['new_entries']} new cache entries")
             elif kind == "pair":
                 bar.update(task, description=f"pairs {info['cell']}", completed=info["n"],
                            total=cfg.max_pairs, last=f"{info['kept']} kept")
@@ -333,6 +339,12 @@ def print_bench(record: dict, console: Console) -> None:
         console.print(f"geomean speedup {g['speedup']:.4f}x  95% CI [{g['ci_low']:.4f}, {g['ci_high']:.4f}]  "
                       f"worst {g.get('worst_cell_id')} {g['worst_speedup']:.4f}x  regressions {g['n_regressions']}  "
                       f"({s['n_measured']}/{s['n_cells']} cells measured)")
+    if record.get("primed"):
+        console.print(f"measured in fresh workers: the warm-up compiled or tuned "
+                      f"({record['primed']['new_cache_entries']} new Triton cache entries)")
+    if record.get("contested"):
+        console.print(f"{len(record['contested'])} cell(s) whose rounds disagreed got extra rounds "
+                      f"({len(record.get('rounds') or [])} rounds in all): {', '.join(record['contested'])}")
     differs = [(cell["cell"]["id"], d) for cell in record["cells"] for d in cell.get("tuning_differs") or []]
     if differs:
         how = ("tuning was shared, so these kernels differ in source between the sides, or their configs "
@@ -365,6 +377,10 @@ RoundsOpt = Annotated[int, typer.Option(
     "--rounds",
     help="Fresh worker processes this many times, start order swapped each round; a FASTER/SLOWER "
          "verdict needs every round's estimate on its side of the margin.")]
+MaxRoundsOpt = Annotated[int, typer.Option(
+    "--max-rounds",
+    help="Cells whose rounds still disagree get two more rounds at a time, up to this many in all "
+         "(at most --rounds: none).")]
 TuningOpt = Annotated[bool, typer.Option(
     "--independent-tuning",
     help="Let each side autotune on its own, even kernels whose source is unchanged (default: tuned once, shared).")]
@@ -390,14 +406,15 @@ def bench_cmd(
     cell_seconds: CellSecondsOpt = 60.0, half_width: HalfWidthOpt = 0.25, margin: MarginOpt = 0.5,
     device: DeviceOpt = "auto", dtype: DtypeOpt = "bfloat16", inputs: InputsOpt = None,
     diff_tol: DiffTolOpt = 0.005, worker_timeout: WorkerTimeoutOpt = 1800.0, sample_ms: SampleMsOpt = 10.0,
-    independent_tuning: TuningOpt = False, rounds: RoundsOpt = 2,
+    independent_tuning: TuningOpt = False, rounds: RoundsOpt = 2, max_rounds: MaxRoundsOpt = 4,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     cfg = _bench_config(modes, c, aa, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning, rounds)
+                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning, rounds,
+                        max_rounds)
     record = _run_bench(target, c, base, shapes, cfg, _human(as_json), gate=None)
     record["last_gate"] = _last_gate_for(target, op, record["candidate"])
     if as_json:
@@ -418,7 +435,7 @@ def verify_cmd(
     cell_seconds: CellSecondsOpt = 60.0, half_width: HalfWidthOpt = 0.25, margin: MarginOpt = 0.5,
     device: DeviceOpt = "auto", dtype: DtypeOpt = "bfloat16", inputs: InputsOpt = None,
     diff_tol: DiffTolOpt = 0.005, worker_timeout: WorkerTimeoutOpt = 1800.0, sample_ms: SampleMsOpt = 10.0,
-    independent_tuning: TuningOpt = False, rounds: RoundsOpt = 2,
+    independent_tuning: TuningOpt = False, rounds: RoundsOpt = 2, max_rounds: MaxRoundsOpt = 4,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Gate first, then the paired benchmark; never a benchmark on a red gate."""
@@ -426,7 +443,8 @@ def verify_cmd(
     c = contract_mod.Contract.load(target, op)
     console = _human(as_json)
     cfg = _bench_config(modes, c, False, varlen, min_pairs, max_pairs, cell_seconds, half_width, margin, device,
-                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning, rounds)
+                        dtype, inputs, diff_tol, worker_timeout, sample_ms, independent_tuning, rounds,
+                        max_rounds)
     gate_dict = None
     if no_gate:
         console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "

@@ -166,7 +166,7 @@ def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdic
     # one pair of processes: identical code reads as a large win
     assert cell["verdict"] == "FASTER" and cell["estimate"]["speedup"] > 3
 
-    two = flaloop(toy, *args, env={"TOY_ORDER_FILE": str(tmp_path / "order2")})
+    two = flaloop(toy, *args, "--max-rounds", "2", env={"TOY_ORDER_FILE": str(tmp_path / "order2")})
     assert two.code == 0, two.stderr[-2000:]
     rec = json.loads(two.stdout)
     (cell,) = rec["cells"]
@@ -178,6 +178,80 @@ def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdic
     assert len((tmp_path / "order2").read_text().split()) == 4  # four processes, two per round
 
 
+def test_a_cell_whose_rounds_disagree_gets_two_more_rounds_of_equal_size(toy, tmp_path):
+    (toy / "toyop/ops/toy/fast.py").write_text(ORDER_SENSITIVE)
+    commit_all(toy)
+    r = flaloop(toy, "bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
+                "--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "60",
+                env={"TOY_ORDER_FILE": str(tmp_path / "order")})
+    assert r.code == 0, r.stderr[-2000:]
+    rec = json.loads(r.stdout)
+    (cell,) = rec["cells"]
+    assert rec["contested"] == [cell["cell"]["id"]]
+    assert len(rec["rounds"]) == 4 and len({pid for rnd in rec["rounds"] for pid in rnd.values()}) == 8
+    assert len((tmp_path / "order").read_text().split()) == 8
+    # every round took as many pairs as the first, so each pair of processes weighs the same
+    sizes = [x["n_pairs"] for x in cell["rounds"]]
+    assert len(sizes) == 4 and len(set(sizes)) == 1, sizes
+    # the slow process alternates sides: rounds 1 and 3 read >3x, rounds 2 and 4 <1/3x
+    assert [x["speedup"] > 1 for x in cell["rounds"]] == [True, False, True, False]
+    assert cell["verdict"] not in ("FASTER", "SLOWER")
+
+
+# A toy op whose first call in a process "compiles": the process that finds no entry in the
+# Triton cache adds one and then runs 150 ms slower per call; a process that loads it does not.
+COMPILES_SLOW = ORDER_SENSITIVE.replace('''def _slow():
+    """True in the 1st, 3rd, 5th... process to call the op (counted in TOY_ORDER_FILE)."""
+    global _SLOW
+    if _SLOW is None:
+        with open(os.environ["TOY_ORDER_FILE"], "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            n = len(f.read().split())
+            f.write(f"{os.getpid()}\\n")
+        _SLOW = n % 2 == 0
+    return _SLOW''', '''def _slow():
+    """True in a process that had to add the toy kernel to the Triton cache."""
+    global _SLOW
+    if _SLOW is None:
+        entry = os.path.join(os.environ["TRITON_CACHE_DIR"], "TOYKERNEL")
+        try:
+            os.makedirs(entry)
+            _SLOW = True
+        except FileExistsError:
+            _SLOW = False
+        with open(os.environ["TOY_ORDER_FILE"], "a") as f:
+            f.write(f"{os.getpid()} {int(_SLOW)}\\n")
+    return _SLOW''')
+
+
+def test_workers_that_compiled_during_the_warm_up_are_replaced_before_the_first_pair(toy, tmp_path):
+    assert COMPILES_SLOW != ORDER_SENSITIVE
+    (toy / "toyop/ops/toy/fast.py").write_text(COMPILES_SLOW)
+    commit_all(toy)
+    cache = tmp_path / "triton-cache"
+    env = {"TOY_ORDER_FILE": str(tmp_path / "calls"), "FLALOOP_TRITON_CACHE_DIR": str(cache)}
+    args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
+            "--min-pairs", "8", "--max-pairs", "8", "--cell-seconds", "60"]
+    r = flaloop(toy, *args, env=env)
+    assert r.code == 0, r.stderr[-2000:]
+    rec = json.loads(r.stdout)
+    (cell,) = rec["cells"]
+    assert rec["primed"]["new_cache_entries"] == 1
+    slow = [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines() if line.endswith(" 1")]
+    assert len(slow) == 1 and int(slow[0]) in rec["primed"]["discarded"].values()
+    measuring = {pid for rnd in rec["rounds"] for pid in rnd.values()}
+    assert measuring.isdisjoint(rec["primed"]["discarded"].values())
+    # no measured process is the slow one: no round reads anything like the 150 ms stall
+    assert all(0.5 < x["speedup"] < 2 for x in cell["rounds"]), cell["rounds"]
+
+    again = flaloop(toy, *args, env=env)  # the cache is warm: nothing to replace
+    assert again.code == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["primed"] is None
+
+
 def test_rounds_below_one_is_a_usage_error(toy):
     r = flaloop(toy, "bench", "toy_attn", "--device", "cpu", "--rounds", "0")
     assert r.code == 2 and "--rounds 0" in r.stderr
+    r = flaloop(toy, "bench", "toy_attn", "--device", "cpu", "--max-rounds", "-1")
+    assert r.code == 2 and "--max-rounds -1" in r.stderr
