@@ -242,8 +242,12 @@ def test_workers_that_compiled_during_the_warm_up_are_replaced_before_the_first_
     assert len(slow) == 1 and int(slow[0]) in rec["primed"]["discarded"].values()
     measuring = {pid for rnd in rec["rounds"] for pid in rnd.values()}
     assert measuring.isdisjoint(rec["primed"]["discarded"].values())
-    # no measured process is the slow one: no round reads anything like the 150 ms stall
-    assert all(0.5 < x["speedup"] < 2 for x in cell["rounds"]), cell["rounds"]
+    # no measured process is the slow one: no per-call time holds the 150 ms stall (CPU noise
+    # on a loaded 2-core machine moves calls by tens of ms, never by the stall)
+    worst = max(max(p["base_ms"], p["cand_ms"]) for p in cell["pairs"])
+    assert len(cell["pairs"]) >= 8 and worst < 120, worst
+    # and they calibrated k themselves (the warm-up's k = 1 came from the stalled process)
+    assert cell["setup"]["k_warmup"] == 1 and cell["k"] >= 1
 
     again = flaloop(toy, *args, env=env)  # the cache is warm: nothing to replace
     assert again.code == 0, again.stderr[-2000:]

@@ -216,10 +216,11 @@ class BenchConfig:
     # side. The picks are recorded either way (CellResult.tuning_differs).
     shared_tuning: bool = True
     # Each round starts fresh worker processes, the start and setup order swapped every round,
-    # and takes its share of the pairs. On the H200 the side that started and set up first ran
-    # B8_T2048_H32_D256 ~0.5% slower (one pair of processes read identical code as 1.05% FASTER);
-    # an even number of rounds cancels that in the pooled estimate, and a verdict stands only
-    # if every round agrees with its direction (see split_direction).
+    # and takes its share of the pairs. On the H200 the side that started and set up first once
+    # ran B8_T2048_H32_D256 ~0.5% slower; an even number of equal rounds cancels that in the
+    # pooled estimate, and a verdict stands only if every round agrees with its direction (see
+    # split_direction). (The larger offset, ~1.1%, came from the process that had compiled the
+    # cell: see Session._prime.)
     rounds: int = 2
     # Cells whose rounds still disagree beyond their CIs after `rounds` get two more rounds at a
     # time (one of each order), in fresh processes that set up only those cells, up to this many
@@ -392,7 +393,7 @@ class Session:
     def _prime(self, stack: ExitStack, trees: dict[str, Path], registry: Path, env: dict, new_entries: int) -> None:
         """Measure in processes that compiled and tuned nothing: when the warm-up added to the
         Triton cache, start both workers afresh (they load every kernel and shared autotune pick
-        from disk) before the first pair.
+        from disk) before the first pair. The first of them to set up a cell calibrates k afresh.
 
         On the H200 the process that had compiled and autotuned B8_T2048_H32_D256 fwdbwd ran it
         1.1% slower than a process that loaded the same kernels and picks from the cache
@@ -555,10 +556,16 @@ class Session:
             min_r = max_r = first
         rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
                                      max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
+        # After _prime the first side to set up calibrates k afresh: the warm-up process that
+        # compiled may have timed the op slower than the processes that measure it.
+        k = None if self.round == 0 and self.primed else res.k
         for side in self._order():
-            r = self._setup(res, side, res.k, "eager" if res.timer == "cuda_eager" else "auto")
+            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto")
             if not r.get("ok"):
                 return self._fail(res, side, r)
+            if k is None:
+                res.setup["k_warmup"], res.k = res.k, r["k"]
+                k = res.k
         mine: list[Pair] = []
         while True:
             order = "AB" if len(mine) % 2 == 0 else "BA"
