@@ -81,6 +81,6 @@ if __name__ == "__main__":
             goal, paths = "", arg
         runs = [summarize(p) for p in paths.split(",")]
         if goal:
-            cells = [c for r in runs for c in (r or [])]
-            print(f"  {check_goal(goal, cells) if all(r is not None for r in runs) else f'goal {goal}: NOT MET (a run has no record)'}"
-                  + (f" [over {len(runs)} runs]" if len(runs) > 1 else ""))
+            verdict = (f"goal {goal}: NOT MET (a run has no record)" if None in runs
+                       else check_goal(goal, [c for r in runs for c in r]))
+            print(f"  {verdict}" + (f" [over {len(runs)} runs]" if len(runs) > 1 else ""))

@@ -380,7 +380,7 @@ RoundsOpt = Annotated[int, typer.Option(
 MaxRoundsOpt = Annotated[int, typer.Option(
     "--max-rounds",
     help="Cells whose rounds still disagree get two more rounds at a time, up to this many in all "
-         "(at most --rounds: none).")]
+         "(at most --rounds: none); each extra round may take a round's share of --cell-seconds.")]
 TuningOpt = Annotated[bool, typer.Option(
     "--independent-tuning",
     help="Let each side autotune on its own, even kernels whose source is unchanged (default: tuned once, shared).")]

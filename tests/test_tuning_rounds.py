@@ -113,8 +113,9 @@ def test_a_verdict_stands_only_when_every_round_agrees_with_its_direction():
 
 # A toy op whose speed depends on the process, not the code: the first process to call it in
 # each pair of processes stalls for 150 ms per call (a sleep: CPU contention from other tests
-# cannot shrink it). The same committed code runs on both sides (A/A).
-ORDER_SENSITIVE = '''import fcntl
+# cannot shrink it). The same committed code runs on both sides (A/A). TOY_WITH_STALL takes the
+# rule for which process stalls (a `_slow()` that sets the global _SLOW) at __SLOW__.
+TOY_WITH_STALL = '''import fcntl
 import os
 import time
 
@@ -123,17 +124,7 @@ import torch
 _SLOW = None
 
 
-def _slow():
-    """True in the 1st, 3rd, 5th... process to call the op (counted in TOY_ORDER_FILE)."""
-    global _SLOW
-    if _SLOW is None:
-        with open(os.environ["TOY_ORDER_FILE"], "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.seek(0)
-            n = len(f.read().split())
-            f.write(f"{os.getpid()}\\n")
-        _SLOW = n % 2 == 0
-    return _SLOW
+__SLOW__
 
 
 def _attn(q, k, v, scale):
@@ -152,6 +143,18 @@ def toy_attn(q, k, v, scale=None, cu_seqlens=None):
 def toy_log(q):
     return (q.float().log() + 1).to(q.dtype), None
 '''
+
+ORDER_SENSITIVE = TOY_WITH_STALL.replace("__SLOW__", '''def _slow():
+    """True in the 1st, 3rd, 5th... process to call the op (counted in TOY_ORDER_FILE)."""
+    global _SLOW
+    if _SLOW is None:
+        with open(os.environ["TOY_ORDER_FILE"], "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            n = len(f.read().split())
+            f.write(f"{os.getpid()}\\n")
+        _SLOW = n % 2 == 0
+    return _SLOW''')
 
 
 def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdict(toy, tmp_path):
@@ -200,17 +203,7 @@ def test_a_cell_whose_rounds_disagree_gets_two_more_rounds_of_equal_size(toy, tm
 
 # A toy op whose first call in a process "compiles": the process that finds no entry in the
 # Triton cache adds one and then runs 150 ms slower per call; a process that loads it does not.
-COMPILES_SLOW = ORDER_SENSITIVE.replace('''def _slow():
-    """True in the 1st, 3rd, 5th... process to call the op (counted in TOY_ORDER_FILE)."""
-    global _SLOW
-    if _SLOW is None:
-        with open(os.environ["TOY_ORDER_FILE"], "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.seek(0)
-            n = len(f.read().split())
-            f.write(f"{os.getpid()}\\n")
-        _SLOW = n % 2 == 0
-    return _SLOW''', '''def _slow():
+COMPILES_SLOW = TOY_WITH_STALL.replace("__SLOW__", '''def _slow():
     """True in a process that had to add the toy kernel to the Triton cache."""
     global _SLOW
     if _SLOW is None:
@@ -226,7 +219,6 @@ COMPILES_SLOW = ORDER_SENSITIVE.replace('''def _slow():
 
 
 def test_workers_that_compiled_during_the_warm_up_are_replaced_before_the_first_pair(toy, tmp_path):
-    assert COMPILES_SLOW != ORDER_SENSITIVE
     (toy / "toyop/ops/toy/fast.py").write_text(COMPILES_SLOW)
     commit_all(toy)
     cache = tmp_path / "triton-cache"

@@ -351,10 +351,10 @@ class Session:
             rnd = 0
             while rnd < planned:
                 self.round = rnd
-                todo = self._round_cells(rnd)
-                if rnd and not todo:
-                    break
                 if rnd:
+                    todo = self._round_cells(rnd)
+                    if not todo:
+                        break
                     self.on_event("round", round=rnd + 1, rounds=planned, cells=len(todo))
                 with ExitStack() as this_round:  # the round's workers end with it; the worktree stays
                     self._start_workers(this_round, trees, registry, env)
@@ -365,7 +365,7 @@ class Session:
                         entries = _cache_entries(cache)
                         self._warm_all()
                         self._prime(this_round, trees, registry, env, _cache_entries(cache) - entries)
-                        todo = self._round_cells(rnd)
+                        todo = self._round_cells(0)
                     for res in todo:
                         if not self._measure(res):
                             break  # a worker died: the rest of this round has no one to ask
