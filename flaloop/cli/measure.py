@@ -1,0 +1,259 @@
+"""`flaloop gate`, `flaloop bench` and `flaloop verify`: the frozen gate and the paired benchmark."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from flaloop import contract as contract_mod
+from flaloop import gate as gate_mod
+from flaloop.bench import session as session_mod
+from flaloop.cli.app import (
+    JsonOpt,
+    PyOpt,
+    RepoOpt,
+    app,
+    command,
+    emit_json,
+    human,
+    out,
+    progress_bar,
+    with_options,
+)
+from flaloop.cli.render import print_bench, print_gate
+from flaloop.errors import UsageError
+from flaloop.target import Target
+
+# -- option groups (declared once, shared by the commands that take them) -----------------------
+
+@dataclass
+class GateOptions:
+    workers: Annotated[int, typer.Option("--workers", help="Run the gate over N pytest-xdist workers.")] = 0
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", help="With --workers: pin worker i to GPU i mod n, e.g. 0,1.")] = None
+
+    def gpu_list(self) -> list[str] | None:
+        return parse_gpus(self.gpus)
+
+
+@dataclass
+class BenchOptions:
+    base: Annotated[str | None, typer.Option("--base", help="Base git ref (default: the contract's base).")] = None
+    shapes: Annotated[list[str] | None, typer.Option("--shapes", help="Shape names (default: the contract's).")] = None
+    modes: Annotated[str | None, typer.Option("--modes", help="fwd,fwdbwd (default: the contract's).")] = None
+    varlen: Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")] = False
+    min_pairs: Annotated[int, typer.Option(help="Pairs before the stopping rule may stop.")] = 16
+    max_pairs: Annotated[int, typer.Option(help="Most pairs per cell.")] = 400
+    cell_seconds: Annotated[float, typer.Option(help="Time cap per cell.")] = 60.0
+    half_width: Annotated[float, typer.Option(help="Stop at this CI half-width, percent.")] = 0.25
+    margin: Annotated[float, typer.Option(help="SAME margin, percent.")] = 0.5
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto"
+    dtype: Annotated[str, typer.Option(help="Input dtype.")] = "bfloat16"
+    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None
+    diff_tol: Annotated[float, typer.Option(
+        help="Relative RMS error allowed between base and candidate.")] = 0.005
+    worker_timeout: Annotated[float, typer.Option(
+        help="Seconds a worker may take to answer (compile included).")] = 1800.0
+    sample_ms: Annotated[float, typer.Option(help="Calibrate k so one timed sample lasts this long.")] = 10.0
+    independent_tuning: Annotated[bool, typer.Option(
+        "--independent-tuning",
+        help="Let each side autotune on its own, even kernels whose source is unchanged "
+             "(default: tuned once, shared).")] = False
+    rounds: Annotated[int, typer.Option(
+        "--rounds",
+        help="Fresh worker processes this many times, start order swapped each round; a FASTER/SLOWER "
+             "verdict needs every round's estimate on its side of the margin.")] = 2
+    max_rounds: Annotated[int, typer.Option(
+        "--max-rounds",
+        help="Cells whose rounds still disagree get two more rounds at a time, up to this many in all "
+             "(at most --rounds: none); each extra round may take a round's share of --cell-seconds.")] = 4
+
+    def shape_list(self) -> list[str] | None:
+        return [s for item in (self.shapes or []) for s in item.split(",") if s] or None
+
+    def config(self, c: contract_mod.Contract, aa: bool = False) -> session_mod.BenchConfig:
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise UsageError(f"--device {self.device!r} is not one of auto, cuda, cpu")
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            raise UsageError(f"--dtype {self.dtype!r} is not one of bfloat16, float16, float32")
+        if self.rounds < 1:
+            raise UsageError(f"--rounds {self.rounds}: need at least 1 (2 or more let a per-process effect show)")
+        if self.max_rounds < 0:
+            raise UsageError(f"--max-rounds {self.max_rounds}: need 0 or more (at most --rounds: no extra rounds)")
+        if self.min_pairs < 2 or self.max_pairs < self.min_pairs:
+            raise UsageError(f"--min-pairs {self.min_pairs} / --max-pairs {self.max_pairs}: "
+                             "need 2 <= min-pairs <= max-pairs")
+        return session_mod.BenchConfig(
+            min_sample_ms=self.sample_ms, setup_timeout=self.worker_timeout,
+            sample_timeout=min(self.worker_timeout, 300.0),
+            modes=[m for m in (self.modes.split(",") if self.modes else c.modes) if m], aa=aa,
+            varlen=self.varlen or c.varlen, min_pairs=self.min_pairs, max_pairs=self.max_pairs,
+            cell_seconds=self.cell_seconds, half_width=self.half_width / 100, margin=self.margin / 100,
+            device=self.device, dtype=self.dtype, diff_tol=self.diff_tol,
+            shared_tuning=not self.independent_tuning, rounds=self.rounds,
+            max_rounds=max(self.rounds, self.max_rounds),
+            overrides=contract_mod.parse_overrides(self.inputs or []))
+
+
+def parse_gpus(gpus: str | None) -> list[str] | None:
+    items = [g.strip() for g in (gpus or "").split(",") if g.strip()]
+    bad = [g for g in items if not g.isdigit()]
+    if bad:
+        raise UsageError(f"--gpus {gpus!r}: {', '.join(bad)} is not a GPU index", "e.g. --gpus 0,1")
+    return items or None
+
+
+# -- gate ---------------------------------------------------------------------------------------
+
+@app.command("gate")
+@command
+@with_options(GateOptions)
+def gate_cmd(
+    op: str,
+    k_expr: Annotated[str | None, typer.Option("-k", help="pytest -k subset: a signal only, never a gate.")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Kill pytest after this many seconds.")] = None,
+    gate_options: GateOptions = None,  # type: ignore[assignment]
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Run the op's frozen test file as a black box; exit 0 green, 1 red."""
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    result = run_gate_with_progress(target, c, k_expr, timeout, human(as_json), gate_options.workers,
+                                    gate_options.gpu_list())
+    if as_json:
+        emit_json({"ok": True, **result.to_dict()})
+    else:
+        print_gate(result, out)
+    raise typer.Exit(0 if result.green else 1)
+
+
+def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float | None,
+                           console: Console, workers: int = 0, gpus: list[str] | None = None) -> gate_mod.GateResult:
+    _, stripped, _ = gate_mod.clean_env(target.extra_strip_env())
+    for name, value in stripped.items():
+        console.print(f"[yellow]removed {escape(name)}={escape(value)} from the gate's environment[/] "
+                      f"(it weakens or steers the tests)", markup=True)
+    if k_expr:
+        console.print(f"[yellow]-k {escape(repr(k_expr))}: SIGNAL ONLY, this run never counts as a promotion gate[/]",
+                      markup=True)
+    with progress_bar(console) as bar:
+        tasks: dict[str, int] = {}
+
+        def updater(label: str):
+            def update(done: int, total: int, last: str) -> None:
+                if label not in tasks:
+                    tasks[label] = bar.add_task(label, total=None, last="")
+                bar.update(tasks[label], completed=done, total=total or None, last=last.rsplit("::", 1)[-1][:60])
+            return update
+
+        return gate_mod.run_gate(target, c, k_expr=k_expr, progress=updater("candidate"),
+                                 baseline_progress=updater(f"baseline at {c.base_commit[:8]}"), timeout=timeout,
+                                 workers=workers, gpus=gpus)
+
+
+# -- bench and verify ---------------------------------------------------------------------------
+
+def run_bench_with_progress(target: Target, c, opts: BenchOptions, cfg: session_mod.BenchConfig,
+                            console: Console, gate: dict | None) -> dict:
+    with progress_bar(console) as bar:
+        task = bar.add_task("warming up", total=None, last="")
+
+        def on_event(kind: str, **info) -> None:
+            if kind == "warm":
+                bar.update(task, description="warm-up + correctness", completed=info["index"],
+                           total=info["total"], last=info["cell"])
+            elif kind == "round":
+                bar.update(task, description=f"round {info['round']}/{info['rounds']}: fresh workers",
+                           completed=0, total=None, last=f"{info['cells']} cell(s)")
+            elif kind == "prime":
+                bar.update(task, description="fresh workers to measure (the warm-up compiled or tuned)",
+                           completed=0, total=None, last=f"{info['new_entries']} new cache entries")
+            elif kind == "pair":
+                bar.update(task, description=f"pairs {info['cell']}", completed=info["n"],
+                           total=cfg.max_pairs, last=f"{info['kept']} kept")
+
+        return session_mod.bench(target, c, base_ref=opts.base, shapes=opts.shape_list(), cfg=cfg,
+                                 on_event=on_event, gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]))
+
+
+def last_gate_for(target: Target, op: str, tree: dict) -> dict | None:
+    """The recorded gate result, when it was taken of exactly this tree state (HEAD + diff)."""
+    last = gate_mod.last_result(target, op)
+    if not last or {k: last["tree"].get(k) for k in ("head", "dirty", "diff_hash")} != \
+            {k: tree.get(k) for k in ("head", "dirty", "diff_hash")}:
+        return None
+    return {k: last.get(k) for k in ("green", "signal_only", "started", "counts", "k_expr")}
+
+
+def bench_exit(record: dict) -> int:
+    s = record.get("summary") or {}
+    if s.get("n_blocked"):
+        return 1
+    if record.get("errors") or not s.get("n_measured"):
+        return 3
+    return 0
+
+
+@app.command("bench")
+@command
+@with_options(BenchOptions)
+def bench_cmd(
+    op: str,
+    aa: Annotated[bool, typer.Option("--aa", help="Base against itself: the self-check.")] = False,
+    bench_options: BenchOptions = None,  # type: ignore[assignment]
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    cfg = bench_options.config(c, aa=aa)
+    record = run_bench_with_progress(target, c, bench_options, cfg, human(as_json), gate=None)
+    record["last_gate"] = last_gate_for(target, op, record["candidate"])
+    if as_json:
+        emit_json({"ok": True, **record})
+    else:
+        print_bench(record, out)
+    raise typer.Exit(bench_exit(record))
+
+
+@app.command("verify")
+@command
+@with_options(GateOptions, BenchOptions)
+def verify_cmd(
+    op: str,
+    k_expr: Annotated[str | None, typer.Option("-k", help="Gate on a pytest -k subset (signal only).")] = None,
+    no_gate: Annotated[bool, typer.Option("--no-gate", help="Skip the gate: the result is UNVERIFIED.")] = False,
+    gate_options: GateOptions = None,  # type: ignore[assignment]
+    bench_options: BenchOptions = None,  # type: ignore[assignment]
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Gate first, then the paired benchmark; never a benchmark on a red gate."""
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    console = human(as_json)
+    cfg = bench_options.config(c)
+    gate_dict = None
+    if no_gate:
+        console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
+                      "must not be used as evidence of a win[/]", markup=True)
+    else:
+        result = run_gate_with_progress(target, c, k_expr, None, console, gate_options.workers,
+                                        gate_options.gpu_list())
+        print_gate(result, console)
+        gate_dict = result.to_dict()
+        if not result.green:
+            if as_json:
+                emit_json({"ok": True, "gate": gate_dict, "bench": None})
+            console.print("[red]gate is red: no benchmark is run on a red gate[/]", markup=True)
+            raise typer.Exit(1)
+    record = run_bench_with_progress(target, c, bench_options, cfg, console, gate=gate_dict)
+    if as_json:
+        emit_json({"ok": True, "gate": gate_dict, "bench": record})
+    else:
+        print_bench(record, out)
+    raise typer.Exit(bench_exit(record))

@@ -1,0 +1,109 @@
+"""How gate results and bench records look to a person (JSON callers get the dicts themselves)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flaloop import gate as gate_mod
+
+
+def print_gate(r: gate_mod.GateResult, console: Console) -> None:
+    label = "[bold green]GREEN[/]" if r.green else "[bold red]RED[/]"
+    scope = f"  [yellow](signal only: -k {escape(repr(r.k_expr))})[/]" if r.signal_only else ""
+    console.print(f"{label} gate {escape(r.op)}: {escape(r.test_file)}{scope}", markup=True)
+    if r.run:
+        n = r.run
+        console.print(f"  {n.passed} passed, {n.failed} failed, {n.skipped} skipped, {n.errors} errors; "
+                      f"{len(n.selected)} selected, {n.ran} ran; pytest exit {n.exit_code}; "
+                      f"{n.junit_time:.1f}s in pytest, {r.wall_s:.1f}s wall")
+    if r.baseline:
+        how = {"collect": "collected, skip markers evaluated", "full": "full run"}.get(r.baseline.get("kind"), "")
+        cached = ", cached" if r.baseline.get("cached") else ""
+        console.print(f"  base {r.base_commit[:12]}: {len(r.baseline['selected'])} selected, "
+                      f"{r.baseline['skipped']} skipped ({how}{cached})")
+    tree = r.tree
+    console.print(f"  tree: {tree['head'][:12]}{' + uncommitted ' + str(tree['diff_hash']) if tree['dirty'] else ''}")
+    for f in r.findings:
+        console.print(f"  [red]x[/] {escape(f.message)}", markup=True)
+        if f.detail:
+            for line in f.detail.splitlines()[:40]:
+                console.print(f"      {line}")
+    if r.log_path:
+        console.print(f"  log: {r.log_path}")
+
+
+def _fmt_ms(summary: dict | None) -> str:
+    return "-" if not summary else f"{summary['median']:.4f}"
+
+
+def print_bench(record: dict, console: Console) -> None:
+    env = record.get("env") or {}
+    cand = record["candidate"]
+    dirty = f"+dirty:{cand['diff_hash']}" if cand.get("dirty") else ""
+    parts = [env.get("device_name") or env.get("device") or "?"]
+    parts += [f"{k} {env[key]}" for k, key in (("driver", "driver"), ("CUDA", "cuda"), ("torch", "torch"),
+                                               ("triton", "triton")) if env.get(key)]
+    parts += [f"base {record['base']['commit'][:12]}", f"candidate {'A/A' if record['aa'] else cand['head'][:12] + dirty}"]
+    console.print(" | ".join(parts))
+    if env.get("nvml") not in (None, "ok", "no GPU"):
+        console.print(f"[yellow]no clock evidence: {escape(str(env['nvml']))}[/]", markup=True)
+    last = record.get("last_gate")
+    if record.get("unverified") and last:
+        state = "GREEN" if last["green"] else "RED"
+        scope = " (signal only, -k)" if last["signal_only"] else ""
+        console.print(f"gate: not run by this command; the last gate of this exact tree state was {state}{scope} "
+                      f"({last['started']})")
+    elif record.get("unverified"):
+        console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark "
+                      "(`flaloop verify` runs the gate first)[/]", markup=True)
+    table = Table(title=f"{record['op']}: candidate vs base (device time per call, ms)")
+    for col in ("shape", "mode", "timer", "base", "cand", "speedup", "95% CI", "verdict", "pairs", "eager base",
+                "eager cand", "note"):
+        table.add_column(col)
+    for cell in record["cells"]:
+        c, est, summ = cell["cell"], cell.get("estimate"), cell.get("summary") or {}
+        note = cell.get("reason", "")
+        if cell.get("launch_bound"):
+            note = (note + " launch-bound (host > device)").strip()
+        if cell.get("timer") == "cuda_eager":
+            note = (note + " eager timing (no CUDA graph)").strip()
+        if cell.get("rounds_disagree"):
+            note = (note + " rounds differ beyond their CIs (" + ", ".join(
+                f"{r['speedup']:.4f}x" for r in cell.get("rounds") or []) + ")").strip()
+        if cell.get("tuning_differs"):
+            note = (note + f" autotune picked differently for {len(cell['tuning_differs'])} kernel key(s)").strip()
+        eager = summ.get("eager", {})
+        table.add_row(
+            c["shape_name"], c["mode"], cell.get("timer") or "-", _fmt_ms(summ.get("base")), _fmt_ms(summ.get("cand")),
+            f"{est['speedup']:.4f}x" if est else "-",
+            f"[{est['ci_low']:.4f}, {est['ci_high']:.4f}]" if est else "-",
+            cell.get("verdict") or "-", f"{len(cell['pairs']) - cell['dropped_pairs']}/{len(cell['pairs'])}",
+            _fmt_ms(eager.get("base")), _fmt_ms(eager.get("cand")), note)
+    console.print(table)
+    s = record.get("summary") or {}
+    g = s.get("geomean")
+    if g:
+        console.print(f"geomean speedup {g['speedup']:.4f}x  95% CI [{g['ci_low']:.4f}, {g['ci_high']:.4f}]  "
+                      f"worst {g.get('worst_cell_id')} {g['worst_speedup']:.4f}x  regressions {g['n_regressions']}  "
+                      f"({s['n_measured']}/{s['n_cells']} cells measured)")
+    if record.get("primed"):
+        console.print(f"measured in fresh workers: the warm-up compiled or tuned "
+                      f"({record['primed']['new_cache_entries']} new Triton cache entries)")
+    if record.get("contested"):
+        console.print(f"{len(record['contested'])} cell(s) whose rounds disagreed got extra rounds "
+                      f"({len(record.get('rounds') or [])} rounds in all): {', '.join(record['contested'])}")
+    differs = [(cell["cell"]["id"], d) for cell in record["cells"] for d in cell.get("tuning_differs") or []]
+    if differs:
+        how = ("tuning was shared, so these kernels differ in source between the sides, or their configs "
+               "carry pre-hooks, which Triton does not cache"
+               if (record.get("config") or {}).get("shared_tuning") else
+               "each side tuned on its own (--independent-tuning): part of a difference may be tuning noise")
+        console.print(f"[yellow]autotune chose differently on the two sides ({how}):[/]", markup=True)
+        for cid, d in differs[:20]:
+            console.print(f"  {cid}: {escape(d)}", markup=True)
+    for e in record.get("errors", []):
+        console.print(f"[red]worker failure:[/] {escape(e)}", markup=True)
+    if record.get("path"):
+        console.print(f"run record: {record['path']}")
