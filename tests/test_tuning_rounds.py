@@ -12,7 +12,7 @@ from conftest import commit_all, flaloop
 
 from flaloop import stats as stats_mod
 from flaloop.bench import session as session_mod
-from flaloop.bench import worker as worker_mod
+from flaloop.bench.worker import tuning as worker_mod
 
 TUNED_KERNEL = '''
 import torch

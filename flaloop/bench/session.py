@@ -37,7 +37,7 @@ from flaloop import git, stats
 from flaloop.errors import MeasurementError, UsageError
 from flaloop.evidence import ClockReading, Clocks, fingerprint
 
-WORKER = Path(__file__).parent / "worker.py"
+WORKER = Path(__file__).parent / "worker" / "__main__.py"
 MODES = ("fwd", "fwdbwd")
 
 

@@ -1,0 +1,34 @@
+"""Entry point of the benchmark worker (see __init__.py). Only the standard library is imported
+here; the stdout fd is claimed for the protocol before anything else can print."""
+
+import importlib.util
+import os
+import sys
+
+PACKAGE = '_flaloop_worker'
+
+
+def _load_package():
+    here = os.path.dirname(os.path.realpath(__file__))
+    # Running by path puts this directory first on sys.path: its module names must not shadow
+    # the target's (a target may well have a `protocol` or `inputs` module).
+    sys.path[:] = [p for p in sys.path if not (p and os.path.realpath(p) == here)]
+    spec = importlib.util.spec_from_file_location(PACKAGE, os.path.join(here, '__init__.py'),
+                                                  submodule_search_locations=[here])
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = pkg
+    spec.loader.exec_module(pkg)
+    return importlib.import_module(f'{PACKAGE}.server')
+
+
+if __name__ == '__main__':
+    proto = None
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    proto_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    proto = os.fdopen(proto_fd, 'w', encoding='utf-8', buffering=1)
+    sys.exit(_load_package().main(proto, sys.argv[1:]))

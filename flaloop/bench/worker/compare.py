@@ -1,0 +1,122 @@
+"""Outputs by name, their differences, and dumps compared across processes (base vs candidate)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from .inputs import nonfinite
+
+
+def flatten_outputs(out, res: dict) -> None:
+    """out0, out1, ... for the tensors of the output tuple (out{i}.{j} one level down)."""
+    items = out if isinstance(out, (list, tuple)) else (out,)
+    for i, x in enumerate(items):
+        if isinstance(x, torch.Tensor):
+            res[f'out{i}'] = x
+        elif isinstance(x, (list, tuple)):
+            for j, y in enumerate(x):
+                if isinstance(y, torch.Tensor):
+                    res[f'out{i}.{j}'] = y
+
+
+def diff_stats(a, b) -> tuple[float, float]:
+    """(relative RMS error rms(a-b)/rms(b), max |a-b|) in fp32 over positions finite on both sides; 0/0 = 0."""
+    a = a.detach().float()
+    b = b.detach().float()
+    if a.numel() == 0:
+        return 0.0, 0.0
+    fin = torch.isfinite(a) & torch.isfinite(b)
+    if not bool(fin.all()):
+        a, b = a[fin], b[fin]
+        if a.numel() == 0:
+            return 0.0, 0.0
+    d = a - b
+    num = float(torch.linalg.vector_norm(d))
+    den = float(torch.linalg.vector_norm(b))
+    max_abs = float(d.abs().max())
+    if num == 0.0:
+        return 0.0, max_abs
+    if den == 0.0:
+        return math.inf, max_abs
+    return num / den, max_abs
+
+
+def same_bits(a, b) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        return bool(((a == b) | both_nan).all())
+    return bool(torch.equal(a, b))
+
+
+def max_rel_diff(x: dict, y: dict) -> float:
+    """Largest relative RMS difference between two result dicts with the same names (inf if not)."""
+    if set(x) != set(y):
+        return math.inf
+    worst = 0.0
+    for name, a in x.items():
+        b = y[name]
+        if a.shape != b.shape:
+            return math.inf
+        if a.is_floating_point():
+            worst = max(worst, diff_stats(a, b)[0])
+        elif not torch.equal(a, b):
+            return math.inf
+    return worst
+
+
+def save_dump(tensors: dict, path: str) -> dict:
+    tensors = {name: t.detach().to('cpu', copy=True).contiguous() for name, t in tensors.items()}
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f'{path}.tmp{os.getpid()}'
+    torch.save(tensors, tmp)
+    os.replace(tmp, path)
+    return {
+        'path': path,
+        'names': list(tensors),
+        'shapes': {k: list(v.shape) for k, v in tensors.items()},
+        'dtypes': {k: str(v.dtype).replace('torch.', '') for k, v in tensors.items()},
+        'nonfinite': {k: nonfinite(v) for k, v in tensors.items()},
+    }
+
+
+def compare_with_dump(mine: dict, path: str, tol: float) -> dict:
+    """Compare my results with a dump of the other side's: per tensor shapes, rel-RMS, non-finite."""
+    ref = torch.load(path, map_location='cpu', weights_only=True)
+    if not isinstance(ref, dict):
+        raise ValueError(f'{path} does not hold a dump dict')
+    names = list(mine) + [k for k in ref if k not in mine]
+    tensors = {}
+    match = True
+    for name in names:
+        a, b = mine.get(name), ref.get(name)
+        entry = {
+            'shape': list(a.shape) if a is not None else None,
+            'shape_ref': list(b.shape) if isinstance(b, torch.Tensor) else None,
+            'dtype': str(a.dtype).replace('torch.', '') if a is not None else None,
+            'dtype_ref': str(b.dtype).replace('torch.', '') if isinstance(b, torch.Tensor) else None,
+            'nonfinite_self': nonfinite(a) if a is not None else None,
+            'nonfinite_ref': nonfinite(b) if isinstance(b, torch.Tensor) else None,
+            'rel_rms': None,
+            'max_abs': None,
+            'missing': None,
+        }
+        if a is None:
+            entry['missing'] = 'self'
+        elif not isinstance(b, torch.Tensor):
+            entry['missing'] = 'ref'
+        elif tuple(a.shape) == tuple(b.shape):
+            rel, mx = diff_stats(a, b.to(a.device))
+            entry['rel_rms'], entry['max_abs'] = rel, mx
+        ok = (entry['missing'] is None and entry['shape'] == entry['shape_ref']
+              and entry['rel_rms'] is not None and entry['rel_rms'] <= tol
+              and entry['nonfinite_self'] == 0 and entry['nonfinite_ref'] == 0)
+        entry['match'] = ok
+        match = match and ok
+        tensors[name] = entry
+    return {'match': match, 'tol': tol, 'tensors': tensors}

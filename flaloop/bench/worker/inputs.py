@@ -1,0 +1,212 @@
+"""Deterministic input sets built from the registry's TensorSpecs: identical on both sides for a
+seed, several sets rotated so that a cell's data exceeds the L2, never zeros."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .protocol import Skip
+from .target import signature
+
+VALID_OVERRIDES = ('identity', 'l2norm', 'logsigmoid', 'sigmoid')
+VALID_DTYPES = ('bfloat16', 'float16', 'float32')
+VALID_MODES = ('fwd', 'fwdbwd')
+MAX_SETS_CUDA = 4
+
+
+def derive_seed(seed: int, set_index: int, salt: str = '') -> int:
+    h = hashlib.sha256(f'flaloop:{int(seed)}:{int(set_index)}:{salt}'.encode()).digest()
+    return int.from_bytes(h[:8], 'little') & ((1 << 63) - 1)
+
+
+def iter_tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from iter_tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from iter_tensors(x)
+
+
+def nbytes(obj) -> int:
+    return sum(t.numel() * t.element_size() for t in iter_tensors(obj))
+
+
+def nonfinite(t) -> int:
+    if t.is_floating_point() or t.is_complex():
+        return int((~torch.isfinite(t)).sum().item())
+    return 0
+
+
+def apply_override(name: str, t):
+    if name not in VALID_OVERRIDES:
+        raise ValueError(f'unknown override {name!r}; valid: {list(VALID_OVERRIDES)}')
+    if not t.is_floating_point():
+        raise ValueError(f'override {name!r} needs a floating tensor, got {t.dtype}')
+    if name == 'identity':
+        return t
+    if name == 'l2norm':
+        return F.normalize(t.float(), p=2.0, dim=-1).to(t.dtype)
+    if name == 'sigmoid':
+        return t.sigmoid()
+    return F.logsigmoid(t)
+
+
+def index_dtype_for(param):
+    """int32 when the parameter's annotation or default says so, else long (FLA's convention)."""
+    default = param.default
+    if isinstance(default, torch.Tensor):
+        return default.dtype
+    ann = param.annotation
+    text = ann if isinstance(ann, str) else repr(ann)
+    if 'IntTensor' in text or 'int32' in text:
+        return torch.int32
+    return torch.long
+
+
+class InputSet:
+    __slots__ = ('index', 'gen', 'kwargs', 'leaves', 'do', 'nbytes')
+
+    def __init__(self, index, gen, kwargs, leaves):
+        self.index = index
+        self.gen = gen
+        self.kwargs = kwargs          # everything passed to fn(**kwargs)
+        self.leaves = leaves          # [(name, leaf tensor requiring grad)]
+        self.do = None                # upstream gradient (fwdbwd)
+        self.nbytes = 0
+
+    def tensors(self) -> list:
+        """Every tensor a call reads: the inputs and the upstream gradient."""
+        return list(iter_tensors(self.kwargs)) + ([self.do] if self.do is not None else [])
+
+
+class CellSpec:
+    """What `setup` asked for, validated against the op's registry entry."""
+
+    def __init__(self, spec: dict, cfg, fn):
+        if not isinstance(spec, dict):
+            raise ValueError('setup needs "cell": {...}')
+        self.cfg, self.fn = cfg, fn
+        self.id = str(spec['id'])
+        self.mode = spec.get('mode', 'fwd')
+        if self.mode not in VALID_MODES:
+            raise ValueError(f'mode must be one of {list(VALID_MODES)}, got {self.mode!r}')
+        dtype_name = spec.get('dtype', 'bfloat16')
+        if dtype_name not in VALID_DTYPES:
+            raise ValueError(f'dtype must be one of {list(VALID_DTYPES)}, got {dtype_name!r}')
+        self.dtype = getattr(torch, dtype_name)
+        self.seed = int(spec.get('seed', 0))
+        self.overrides = dict(spec.get('overrides') or {})
+        self.seqlens = spec.get('seqlens')
+        self.shape = dict(spec.get('shape') or {})
+        self.n_sets_req = spec.get('n_sets')
+
+    def check(self) -> None:
+        cfg = self.cfg
+        if self.mode == 'fwdbwd' and getattr(cfg, 'skip_backward', False):
+            raise Skip(f'op {cfg.name!r} has skip_backward=True (no fwdbwd)')
+        for name in self.overrides:
+            if name not in cfg.inputs:
+                raise ValueError(f'override for unknown input {name!r}; inputs: {list(cfg.inputs)}')
+        for name, tname in self.overrides.items():
+            if tname not in VALID_OVERRIDES:
+                raise ValueError(f'unknown override {tname!r} for {name!r}; valid: {list(VALID_OVERRIDES)}')
+        if self.seqlens is not None:
+            seqlens = [int(x) for x in self.seqlens]
+            if not seqlens or any(x <= 0 for x in seqlens):
+                raise ValueError(f'seqlens must be positive ints, got {self.seqlens!r}')
+            sig = signature(self.fn)
+            if sig is None or 'cu_seqlens' not in sig.parameters:
+                raise Skip('op takes no cu_seqlens')
+            if self.shape.get('B', 1) != 1:
+                raise ValueError(f"varlen (seqlens) needs B == 1, got B={self.shape.get('B')}")
+            total = sum(seqlens)
+            if self.shape.get('T') not in (None, total):
+                raise ValueError(f"T={self.shape['T']} != sum(seqlens)={total}")
+            self.seqlens = seqlens
+            self.shape['B'] = 1
+            self.shape['T'] = total
+        for dim in ('B', 'T', 'H', 'D'):
+            if dim not in self.shape:
+                raise ValueError(f'shape lacks {dim!r}: {self.shape}')
+        constraints = getattr(cfg, 'dim_constraints', None)
+        if constraints:
+            for dim, allowed in constraints.items():
+                val = self.shape.get(dim)
+                if val is not None and val not in allowed:
+                    raise Skip(f'op {cfg.name!r} requires {dim} in {list(allowed)}, got {val}')
+
+    def dims(self):
+        s = self.shape
+        extra = {k: v for k, v in s.items() if k not in ('B', 'T', 'H', 'D')}
+        return s['B'], s['T'], s['H'], s['D'], extra
+
+    def tensor_dtype(self, name: str):
+        if name == 'default':
+            return self.dtype
+        if name == 'long':
+            return torch.long
+        dt = getattr(torch, str(name), None)
+        return dt if isinstance(dt, torch.dtype) else self.dtype
+
+    def varlen_kwargs(self, device) -> dict:
+        if self.seqlens is None:
+            return {}
+        params = signature(self.fn).parameters
+        offsets = [0]
+        for n in self.seqlens:
+            offsets.append(offsets[-1] + n)
+        kw = {'cu_seqlens': torch.tensor(offsets, dtype=index_dtype_for(params['cu_seqlens']), device=device)}
+        if 'cu_seqlens_cpu' in params:  # lets FLA skip a device->host sync (and so be graph-capturable)
+            kw['cu_seqlens_cpu'] = torch.tensor(offsets, dtype=index_dtype_for(params['cu_seqlens_cpu']))
+        return kw
+
+    def make_set(self, index: int, varlen_kw: dict, device) -> InputSet:
+        cfg = self.cfg
+        B, T, H, D, extra = self.dims()
+        gen = torch.Generator(device=device)
+        gen.manual_seed(derive_seed(self.seed, index))
+        inputs = {}
+        for name, spec in cfg.inputs.items():
+            shape = tuple(int(x) for x in spec.shape_fn(B, T, H, D, **extra))
+            dt = self.tensor_dtype(spec.dtype)
+            if dt == torch.long:
+                t = torch.randint(0, 10, shape, dtype=torch.long, device=device, generator=gen)
+            else:
+                t = torch.randn(shape, dtype=dt, device=device, generator=gen)
+            ov = self.overrides.get(name)
+            if ov is not None:
+                t = apply_override(ov, t)
+            elif spec.transform is not None:
+                t = spec.transform(t)
+            if spec.requires_grad and t.is_floating_point():
+                t = t.requires_grad_(True)
+            inputs[name] = t
+        if cfg.post_init is not None:
+            torch.manual_seed(derive_seed(self.seed, index, 'post_init'))  # post_init may use the global RNG
+            cfg.post_init(inputs, B=B, T=T, H=H, D=D, **extra)
+        kwargs = {**inputs, **(cfg.extra_kwargs or {}), **varlen_kw}
+        leaves = []
+        for name, v in inputs.items():
+            items = [(name, v)] if isinstance(v, torch.Tensor) else (
+                [(f'{name}.{i}', x) for i, x in enumerate(v)] if isinstance(v, (list, tuple)) else [])
+            for lname, x in items:
+                if isinstance(x, torch.Tensor) and x.requires_grad and x.is_leaf and x.is_floating_point():
+                    leaves.append((lname, x))
+        return InputSet(index, gen, kwargs, leaves)
+
+    def choose_n_sets(self, set_bytes: int, is_cuda: bool, l2_bytes: int | None) -> int:
+        if self.n_sets_req is not None:
+            n = int(self.n_sets_req)
+            if n < 1:
+                raise ValueError(f'n_sets must be >= 1, got {n}')
+            return n
+        if not is_cuda:
+            return 1
+        return int(min(max(math.ceil(2 * (l2_bytes or 0) / max(set_bytes, 1)), 1), MAX_SETS_CUDA))

@@ -1,0 +1,288 @@
+"""The guard's dynamic probes, run on every bench cell in both workers during the warm-up.
+
+Each probe reports facts about this side; the session compares the two sides and turns
+differences into findings (flaloop/guard/probes.py, docs/GUARD.md). The probes never run during
+timing: they may patch allocators or wrap Triton's launcher, and undo it before returning.
+
+  outputs      tensor subclasses, outputs sharing storage with inputs, values that change after
+               the timed stream was synchronized (work deferred to another stream or thread)
+  determinism  two calls on the same inputs, bit for bit or their largest relative difference
+  poison       every allocation made during one call comes back NaN-filled (and, on a GPU, the
+               allocator's free blocks too): outputs that stay non-finite were never written
+  census       Triton launches, GPU kernels and library ops (GEMM, attention) of one call, and
+               how many streams the kernels ran on
+  numeric      torch backend flags, matmul precision, Triton's language knobs and the TRITON_*,
+               FLA_*, TORCH_*, CUDA_* ... environment, after the first call
+  l2           the persisting-L2 limit and the current stream's access-policy window (GPU)
+
+The mutation probe (inputs changed in place, same pointers) is a variant of dump/compare: see
+`Cell.results_mutated`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import tempfile
+import time
+
+import torch
+
+from .compare import max_rel_diff, same_bits
+from .inputs import nonfinite
+from .timing import device_sync
+
+ENV_PREFIXES = ('TRITON_', 'FLA_', 'TORCH_', 'PYTORCH_', 'CUDA_', 'NVIDIA_', 'CUBLAS', 'CUDNN', 'NCCL_', 'OMP_',
+                'MKL_')
+LIBRARY_OPS = {
+    'aten::mm', 'aten::bmm', 'aten::matmul', 'aten::addmm', 'aten::baddbmm', 'aten::addbmm', 'aten::einsum',
+    'aten::linear', 'aten::tensordot', 'aten::dot', 'aten::mv', 'aten::scaled_dot_product_attention',
+    'aten::_scaled_dot_product_flash_attention', 'aten::_scaled_dot_product_efficient_attention',
+    'aten::_scaled_dot_product_cudnn_attention', 'aten::_scaled_dot_product_attention_math',
+    'aten::_flash_attention_forward', 'aten::_efficient_attention_forward',
+}
+LIBRARY_KERNEL = re.compile(r'gemm|cutlass|cublas|xmma|gemv|flash_fwd|flash_bwd|fmha|cudnn', re.I)
+
+
+def _flags() -> dict:
+    b = torch.backends
+    probes = {
+        'cuda.matmul.allow_tf32': lambda: b.cuda.matmul.allow_tf32,
+        'cuda.matmul.allow_fp16_reduced_precision_reduction':
+            lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        'cuda.matmul.allow_bf16_reduced_precision_reduction':
+            lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        'cuda.matmul.fp32_precision': lambda: b.cuda.matmul.fp32_precision,
+        'cudnn.allow_tf32': lambda: b.cudnn.allow_tf32,
+        'cudnn.fp32_precision': lambda: b.cudnn.fp32_precision,
+        'cudnn.benchmark': lambda: b.cudnn.benchmark,
+        'cudnn.deterministic': lambda: b.cudnn.deterministic,
+        'fp32_precision': lambda: b.fp32_precision,
+        'float32_matmul_precision': torch.get_float32_matmul_precision,
+        'deterministic_algorithms': torch.are_deterministic_algorithms_enabled,
+        'default_dtype': lambda: str(torch.get_default_dtype()),
+    }
+    out = {}
+    for name, read in probes.items():
+        try:
+            out[name] = str(read())
+        except Exception:  # older or newer torch: the knob does not exist
+            continue
+    return out
+
+
+def _triton_knobs() -> dict:
+    import sys
+    knobs = getattr(sys.modules.get('triton'), 'knobs', None)
+    out = {}
+    for ns in ('language', 'compilation', 'nvidia'):
+        group = getattr(knobs, ns, None)
+        try:
+            items = group.knobs.items() if group is not None else ()
+        except Exception:
+            continue
+        for k, v in items:
+            if v is None or isinstance(v, (str, bool, int, float)):
+                out[f'triton.knobs.{ns}.{k}'] = str(v)
+    return out
+
+
+def numeric_settings() -> dict:
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+    return {'flags': _flags(), 'triton': _triton_knobs(), 'env': env}
+
+
+def outputs(cell) -> dict:
+    """Subclasses, aliasing of inputs, and values that change once every stream has finished."""
+    s = cell.sets[0]
+    out = cell.call(s)
+    named = cell.named(s, out)
+    subclass = sorted(n for n, t in named.items() if type(t) not in (torch.Tensor, torch.nn.Parameter))
+    in_storages = {t.untyped_storage().data_ptr() for t in s.tensors() if t.numel()}
+    aliases = sorted(n for n, t in named.items() if t.numel() and t.untyped_storage().data_ptr() in in_storages)
+    if cell.is_cuda:
+        torch.cuda.current_stream().synchronize()  # what the timer waits for, and no more
+    first = {n: t.detach().clone() for n, t in named.items()}
+    time.sleep(0.05)
+    if cell.is_cuda:
+        device_sync()
+    later = {n: t.detach() for n, t in named.items()}
+    changed = sorted(n for n in first if not same_bits(first[n], later[n]))
+    del out, named
+    return {'subclass': subclass, 'aliases_input': aliases, 'changed_after_sync': changed}
+
+
+def determinism(cell) -> dict:
+    s = cell.sets[0]
+    a = {n: t.clone() for n, t in cell.results(s).items()}
+    b = cell.results(s)
+    bitwise = set(a) == set(b) and all(same_bits(a[n], b[n]) for n in a)
+    return {'bitwise': bitwise, 'max_rel_diff': 0.0 if bitwise else max_rel_diff(a, b)}
+
+
+@contextlib.contextmanager
+def _poisoned_allocations(cell):
+    """NaN-fill every float tensor allocated through torch's Python allocators while active; on a GPU
+    first leave NaN in the caching allocator's free blocks, which later allocations reuse."""
+    def poison(t):
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+            with torch.no_grad():
+                t.fill_(float('nan'))
+        return t
+
+    if cell.is_cuda:
+        try:
+            free, _ = torch.cuda.mem_get_info()
+            n = int(min(free // 2, max(4 * cell.set_bytes, 64 << 20)))
+            blob = torch.empty(n // 4, dtype=torch.float32, device=cell.device).fill_(float('nan'))
+            del blob
+        except Exception:
+            pass
+    saved = {name: getattr(torch, name) for name in ('empty', 'empty_like', 'empty_strided')}
+    had_new_empty = 'new_empty' in vars(torch.Tensor)
+    real_new_empty = torch.Tensor.new_empty
+
+    def wrap(fn):
+        def poisoned(*args, **kwargs):
+            return poison(fn(*args, **kwargs))
+        return poisoned
+
+    try:
+        for name, fn in saved.items():
+            setattr(torch, name, wrap(fn))
+        torch.Tensor.new_empty = wrap(real_new_empty)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch, name, fn)
+        if had_new_empty:
+            torch.Tensor.new_empty = real_new_empty
+        else:
+            del torch.Tensor.new_empty
+
+
+def poison(cell) -> dict:
+    s = cell.sets[0]
+    with _poisoned_allocations(cell):
+        res = cell.results(s)
+    return {'nonfinite': {n: nonfinite(t) for n, t in res.items()}}
+
+
+@contextlib.contextmanager
+def _count_triton_launches(counts: dict):
+    """Wrap the launchers of Triton's JIT and interpreter (class level, undone on exit)."""
+    import sys
+    classes = []
+    for modname, clsname in (('triton.runtime.jit', 'JITFunction'), ('triton.runtime.interpreter', 'InterpretedFunction')):
+        cls = getattr(sys.modules.get(modname), clsname, None)
+        if cls is not None and 'run' in vars(cls):
+            classes.append(cls)
+    saved = {cls: vars(cls)['run'] for cls in classes}
+
+    def wrap(run):
+        def counted(self, *args, **kwargs):
+            if not kwargs.get('warmup'):
+                name = getattr(getattr(self, 'fn', None), '__name__', None) or repr(self)
+                counts[name] = counts.get(name, 0) + 1
+            return run(self, *args, **kwargs)
+        return counted
+
+    try:
+        for cls, run in saved.items():
+            cls.run = wrap(run)
+        yield
+    finally:
+        for cls, run in saved.items():
+            cls.run = run
+
+
+def census(cell) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    s = cell.sets[0]
+    launches: dict = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cell.is_cuda else [])
+    with tempfile.TemporaryDirectory(prefix='flaloop-census-') as tmp:
+        trace = os.path.join(tmp, 'trace.json')
+        with _count_triton_launches(launches), profile(activities=activities) as prof:
+            cell.results(s)
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            events = json.load(f).get('traceEvents', [])
+    ops: dict = {}
+    kernels: dict = {}
+    streams = set()
+    for e in events:
+        cat, name = e.get('cat'), e.get('name', '')
+        if cat == 'kernel':
+            kernels[name] = kernels.get(name, 0) + 1
+            stream = (e.get('args') or {}).get('stream')
+            if stream is not None:
+                streams.add(stream)
+        elif cat == 'cpu_op' and name in LIBRARY_OPS:
+            ops[name] = ops.get(name, 0) + 1
+    library_kernels = {k: n for k, n in kernels.items() if LIBRARY_KERNEL.search(k)}
+    own_kernels = sum(n for k, n in kernels.items() if k not in library_kernels)
+    return {'triton_launches': launches, 'library_ops': ops, 'kernels': kernels, 'library_kernels': library_kernels,
+            'own_gpu_kernels': own_kernels, 'n_streams': len(streams)}
+
+
+# -- persisting L2 (GPU): read through the CUDA runtime the process already loaded -------------------
+
+class _AccessPolicyWindow(ctypes.Structure):
+    _fields_ = [('base_ptr', ctypes.c_void_p), ('num_bytes', ctypes.c_size_t), ('hitRatio', ctypes.c_float),
+                ('hitProp', ctypes.c_int), ('missProp', ctypes.c_int)]
+
+
+class _StreamAttrValue(ctypes.Union):
+    _fields_ = [('accessPolicyWindow', _AccessPolicyWindow), ('pad', ctypes.c_char * 64)]
+
+
+CUDA_LIMIT_PERSISTING_L2 = 0x06
+CUDA_STREAM_ATTR_ACCESS_POLICY_WINDOW = 1
+
+
+def _cudart():
+    with open('/proc/self/maps') as f:
+        paths = {line.split()[-1] for line in f if 'libcudart' in line}
+    for p in sorted(paths):
+        try:
+            return ctypes.CDLL(p)
+        except OSError:
+            continue
+    return None
+
+
+def l2_persisting(cell) -> dict:
+    if not cell.is_cuda:
+        return {'checked': False, 'why': 'no GPU'}
+    rt = _cudart()
+    if rt is None:
+        return {'checked': False, 'why': 'libcudart is not loaded in this process'}
+    limit = ctypes.c_size_t(0)
+    err = rt.cudaDeviceGetLimit(ctypes.byref(limit), CUDA_LIMIT_PERSISTING_L2)
+    value = _StreamAttrValue()
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    err2 = rt.cudaStreamGetAttribute(stream, CUDA_STREAM_ATTR_ACCESS_POLICY_WINDOW, ctypes.byref(value))
+    return {'checked': err == 0 and err2 == 0, 'why': f'cuda errors {err}, {err2}' if err or err2 else '',
+            'persisting_limit_bytes': int(limit.value),
+            'window_bytes': int(value.accessPolicyWindow.num_bytes)}
+
+
+def run_all(cell) -> dict:
+    """Every probe on this cell, each timed; a probe that raises reports its error instead."""
+    out, seconds = {}, {}
+    for name, fn in (('outputs', outputs), ('determinism', determinism), ('poison', poison),
+                     ('census', census), ('l2', l2_persisting)):
+        t0 = time.perf_counter()
+        try:
+            out[name] = fn(cell)
+        except Exception as e:  # noqa: BLE001 - a probe must not take the cell down
+            out[name] = {'error': f'{type(e).__name__}: {e}'[:500]}
+        seconds[name] = round(time.perf_counter() - t0, 4)
+    out['numeric'] = numeric_settings()
+    out['seconds'] = seconds
+    return out

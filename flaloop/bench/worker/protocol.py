@@ -1,0 +1,101 @@
+"""The wire: one JSON object per line on stdin, one JSON reply per line on a private copy of stdout.
+
+Request: ``{"cmd": NAME, "id": ANY (optional, echoed), ...}``.
+Reply:   ``{"ok": true, "cmd": NAME, "id": ..., ...}`` or
+         ``{"ok": false, "cmd": NAME, "id": ..., "error": "short message", "traceback": "..."}``;
+         an error that means "this cell cannot run here" starts with ``"skip:"`` (and ``"skip": true``).
+Floats that are NaN or infinite are sent as ``null`` (strict JSON). EOF on stdin or ``quit``
+exits 0. An exception in one command never kills the worker.
+
+The real stdout is reserved for replies (``__main__`` duplicates its fd before anything else
+runs and points fd 1 and ``sys.stdout`` at stderr), so prints from the op, Triton or CUDA cannot
+corrupt the stream. The orchestrator must drain stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import traceback
+
+# Bound before the target is imported: the replies carry the times, so the encoder that writes
+# them is part of the timing path (integrity.py also watches the json modules).
+_dumps = json.dumps
+_loads = json.loads
+
+
+class Skip(Exception):
+    """The cell cannot run for this op (constraint, no backward, no varlen): reply error 'skip: ...'."""
+
+
+class InitError(Exception):
+    """The worker could not import its registry/op; every command but quit answers with this."""
+
+    def __init__(self, msg: str, tb: str):
+        super().__init__(msg)
+        self.tb = tb
+
+
+def jsonable(obj):
+    """Strict-JSON copy of obj: NaN/inf floats -> None, tuples -> lists, unknown -> str."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    try:  # numpy / torch scalars
+        return jsonable(obj.item())
+    except Exception:
+        return str(obj)
+
+
+def send(out, obj) -> None:
+    out.write(_dumps(jsonable(obj), allow_nan=False, separators=(',', ':')) + '\n')
+    out.flush()
+
+
+def short_error(exc: BaseException, limit: int = 1000) -> str:
+    msg = f'{type(exc).__name__}: {exc}'
+    return msg if len(msg) <= limit else msg[: limit - 3] + '...'
+
+
+def serve(worker, stdin, proto) -> int:
+    """Answer requests until EOF or quit; `worker.handle(cmd, req)` does the work."""
+    while True:
+        line = stdin.readline()
+        if not line:
+            return 0
+        line = line.strip()
+        if not line:
+            continue
+        rid = cmd = None
+        try:
+            req = _loads(line)
+            if not isinstance(req, dict):
+                raise ValueError('request is not a JSON object')
+            rid, cmd = req.get('id'), req.get('cmd')
+        except Exception as e:
+            send(proto, {'ok': False, 'error': f'bad request: {short_error(e)}', 'traceback': ''})
+            continue
+        if cmd == 'quit':
+            send(proto, {'ok': True, 'cmd': 'quit', 'id': rid})
+            return 0
+        try:
+            reply = {'ok': True, **worker.handle(cmd, req)}
+        except Skip as e:
+            reply = {'ok': False, 'skip': True, 'error': f'skip: {e}', 'traceback': traceback.format_exc()}
+        except InitError as e:
+            reply = {'ok': False, 'error': str(e), 'traceback': e.tb}
+        except Exception as e:
+            reply = {'ok': False, 'error': short_error(e), 'traceback': traceback.format_exc()}
+            worker.log(f'[flaloop worker] {cmd!r} failed:\n{reply["traceback"]}')
+            worker.after_error()
+        reply['cmd'] = cmd
+        reply['id'] = rid
+        reply.update(worker.stamp())
+        send(proto, reply)

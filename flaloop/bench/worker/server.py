@@ -1,0 +1,273 @@
+"""The worker process: one side (base or candidate) of a paired benchmark, serving requests.
+
+Commands (``Worker.cmd_*``): hello, setup, probe, sample, eager, dump, compare, release, quit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import sys
+import threading
+import time
+import traceback
+
+import torch
+
+from . import integrity, probes, timing
+from .cell import Cell
+from .compare import compare_with_dump, save_dump
+from .protocol import InitError, send, serve, short_error
+from .target import apply_backend_env, import_op, load_registry, loaded_outside, source_file
+from .tuning import triton_version
+
+
+class Worker:
+    def __init__(self, args):
+        self.args = args
+        self.side = args.side
+        self.cells: dict[str, Cell] = {}
+        self.init_error = None
+        self.cfg = self.fn = self.mod = None
+        self.device = None
+        self.l2_bytes = None
+        self.backend_note = None
+        self.flush_l2 = None
+        self.import_s = None
+        # Before anything of the target runs: the identity of everything the timing path reaches.
+        own = [m for n, m in sys.modules.items() if n.split('.')[0] == __package__]
+        own_classes = [v for m in own for v in vars(m).values()
+                       if isinstance(v, type) and getattr(v, '__module__', '').startswith(__package__)]
+        self.watch = integrity.default_watch(own, own_classes)
+        try:
+            self._init()
+        except Exception as e:
+            self.init_error = (short_error(e), traceback.format_exc())
+            self.log(f'[flaloop worker] init failed: {self.init_error[1]}')
+        self.watch.check()
+
+    @staticmethod
+    def log(msg: str) -> None:
+        try:
+            sys.stderr.write(msg.rstrip('\n') + '\n')
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+    def _init(self) -> None:
+        a = self.args
+        self.tree = os.path.realpath(a.tree)
+        self.registry_file = os.path.realpath(a.registry)
+        if not os.path.isdir(self.tree):
+            raise FileNotFoundError(f'tree {self.tree} is not a directory')
+        if a.workdir:
+            os.makedirs(a.workdir, exist_ok=True)
+            os.chdir(a.workdir)
+        sys.path.insert(0, self.tree)
+        t0 = time.perf_counter()
+        self.registry = load_registry(self.registry_file, self.tree)
+        self.cfg = self.registry.get_op(a.op)
+        self.backend_note = apply_backend_env(self.cfg, a.backend)
+        dev = a.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+        if dev == 'cuda' and not torch.cuda.is_available():
+            raise RuntimeError('--device cuda but torch.cuda.is_available() is False')
+        self.device = torch.device(dev)
+        if self.device.type == 'cuda':
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            self.l2_bytes = int(getattr(props, 'L2_cache_size', 0) or 0) or None
+        self.flush_l2 = timing.L2Flush(self.device, self.l2_bytes)
+        self.mod, self.fn = import_op(self.cfg)
+        self.import_s = time.perf_counter() - t0
+
+    # -- dispatch ---------------------------------------------------------------------------------------
+
+    def handle(self, cmd, req: dict) -> dict:
+        method = getattr(self, f'cmd_{cmd}', None) if isinstance(cmd, str) else None
+        if method is None:
+            valid = sorted(m[4:] for m in dir(self) if m.startswith('cmd_')) + ['quit']
+            raise ValueError(f'unknown cmd {cmd!r}; valid: {valid}')
+        if self.init_error is not None:
+            raise InitError(f'worker init failed: {self.init_error[0]}', self.init_error[1])
+        return method(req)
+
+    def stamp(self) -> dict:
+        """Rides on every reply: the timing-integrity violations seen so far (sticky)."""
+        return {'integrity': list(self.watch.violations)} if self.watch.violations else {}
+
+    def after_error(self) -> None:
+        gc.collect()
+        if self.device is not None and self.device.type == 'cuda':
+            try:
+                torch.cuda.empty_cache()
+            except Exception:
+                pass
+
+    def _cell(self, req: dict) -> Cell:
+        cid = req.get('cell')
+        if isinstance(cid, dict):
+            cid = cid.get('id')
+        cell = self.cells.get(str(cid))
+        if cell is None:
+            raise KeyError(f'unknown cell {cid!r}; set up: {sorted(self.cells)}')
+        return cell
+
+    # -- commands ---------------------------------------------------------------------------------------
+
+    def cmd_hello(self, req: dict) -> dict:
+        dev = self.device
+        if dev.type == 'cuda':
+            idx = torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(idx)
+            device_name = props.name
+            uuid = getattr(props, 'uuid', None)
+            device_uuid = str(uuid) if uuid is not None else None
+        else:
+            device_name = platform.processor() or platform.machine() or 'cpu'
+            device_uuid = None
+        package = self.cfg.import_path.split('.')[0]
+        return {
+            'side': self.side,
+            'op': self.cfg.name,
+            'tree': self.tree,
+            'registry': self.registry_file,
+            'op_module_file': os.path.realpath(self.mod.__file__) if getattr(self.mod, '__file__', None) else None,
+            'op_func_file': source_file(self.fn),
+            'python': sys.executable,
+            'torch': torch.__version__,
+            'triton': triton_version(),
+            'device': dev.type,
+            'device_name': device_name,
+            'device_uuid': device_uuid,
+            'l2_bytes': self.l2_bytes,
+            'cuda_runtime': torch.version.cuda,
+            'backend': self.backend_note,
+            'pid': os.getpid(),
+            'import_s': self.import_s,
+            'watched': len(self.watch),
+            'preload': [m for m in loaded_outside(self.tree) if m.split('.')[0] != package],
+            'numeric_at_import': probes.numeric_settings(),
+        }
+
+    def cmd_setup(self, req: dict) -> dict:
+        spec = req.get('cell')
+        if not isinstance(spec, dict) or 'id' not in spec:
+            raise ValueError('setup needs "cell": {"id": ..., "shape": {...}, ...}')
+        cid = str(spec['id'])
+        if cid in self.cells:
+            self._release(cid)
+        cell = Cell(self, spec)
+        reply = cell.build()
+        self.cells[cid] = cell
+        self.watch.check()
+        return reply
+
+    def cmd_probe(self, req: dict) -> dict:
+        """The guard's probes on a set-up cell (see probes.py). With "dump": also write the results on
+        in-place-mutated inputs there; with "ref": compare them with the other side's dump."""
+        cell = self._cell(req)
+        t0 = time.perf_counter()
+        reply = {'cell': cell.id, 'probes': probes.run_all(cell)}
+        if req.get('dump') or req.get('ref'):
+            mutated = cell.results_mutated()
+            if req.get('dump'):
+                reply['dump'] = save_dump(mutated, req['dump'])
+            if req.get('ref'):
+                reply['mutated'] = compare_with_dump(mutated, req['ref'], float(req.get('tol', 1e-3)))
+        reply['seconds'] = time.perf_counter() - t0
+        self.watch.check()
+        return reply
+
+    def cmd_sample(self, req: dict) -> dict:
+        cell = self._cell(req)
+        n = int(req.get('n', 1))
+        self.watch.check()
+        dev, wall = [], []
+        for _ in range(n):
+            d, w = cell.sample()
+            dev.append(d)
+            wall.append(w)
+        self.watch.check()
+        return {'cell': cell.id, 'timer': cell.timer, 'k': cell.k, 'times_ms': dev, 'wall_ms': wall}
+
+    def cmd_eager(self, req: dict) -> dict:
+        cell = self._cell(req)
+        n = int(req.get('n', 1))
+        self.watch.check()
+        host, wall = [], []
+        for _ in range(n):
+            h, w = cell.eager_sample()
+            host.append(h)
+            wall.append(w)
+        self.watch.check()
+        return {'cell': cell.id, 'k': cell.k, 'host_ms': host, 'wall_ms': wall}
+
+    def cmd_dump(self, req: dict) -> dict:
+        cell = self._cell(req)
+        path = req.get('path')
+        if not path:
+            raise ValueError('dump needs "path"')
+        return {'cell': cell.id, **save_dump(cell.results(cell.sets[0]), path)}
+
+    def cmd_compare(self, req: dict) -> dict:
+        cell = self._cell(req)
+        path = req.get('ref')
+        if not path:
+            raise ValueError('compare needs "ref" (a dump file)')
+        mine = {k: v.detach() for k, v in cell.results(cell.sets[0]).items()}
+        return {'cell': cell.id, **compare_with_dump(mine, path, float(req.get('tol', 1e-3)))}
+
+    def _release(self, cid: str) -> bool:
+        cell = self.cells.pop(cid, None)
+        if cell is None:
+            return False
+        cell.graph = cell.static = None
+        cell.sets = []
+        del cell
+        self.after_error()
+        return True
+
+    def cmd_release(self, req: dict) -> dict:
+        cid = req.get('cell')
+        if isinstance(cid, dict):
+            cid = cid.get('id')
+        return {'cell': cid, 'released': self._release(str(cid))}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description='flaloop benchmark worker (JSON lines on stdin/stdout)')
+    p.add_argument('--tree', required=True, help='source tree whose op is measured (put first on sys.path)')
+    p.add_argument('--registry', required=True, help='path of the FLA-style registry.py')
+    p.add_argument('--op', required=True, help='registry op name')
+    p.add_argument('--side', required=True, choices=['base', 'cand'])
+    p.add_argument('--device', choices=['cuda', 'cpu'], default=None, help='default: cuda when available')
+    p.add_argument('--workdir', default=None, help='chdir here before importing the op')
+    p.add_argument('--backend', default=None, help="op backend (OpConfig.backend_env key, or 'triton')")
+    return p.parse_args(argv)
+
+
+def _watch_parent() -> None:
+    """Exit when the process that started us is gone (a killed orchestrator must not leave us running)."""
+    parent = os.getppid()
+
+    def run():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=run, name='flaloop-parent-watch', daemon=True).start()
+
+
+def main(proto, argv) -> int:
+    args = parse_args(argv)
+    _watch_parent()
+    worker = Worker(args)
+    try:
+        return serve(worker, sys.stdin, proto)
+    except BrokenPipeError:
+        return 1
+
+
+__all__ = ['Worker', 'main', 'send']

@@ -1,0 +1,107 @@
+"""The registry and the op, imported from the tree under test."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+
+REGISTRY_MODULE_NAME = '_flaloop_target_registry'
+
+
+def dotted_name(path: str, tree: str) -> str | None:
+    rel = os.path.relpath(path, tree)
+    if rel.startswith('..') or not rel.endswith('.py'):
+        return None
+    return rel[:-3].replace(os.sep, '.')
+
+
+def load_registry(path: str, tree: str):
+    """Import the registry file under a private module name (fallback: as a package module of TREE)."""
+    spec = importlib.util.spec_from_file_location(REGISTRY_MODULE_NAME, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f'cannot load registry from {path}')
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[REGISTRY_MODULE_NAME] = mod  # dataclasses look their module up in sys.modules
+    try:
+        spec.loader.exec_module(mod)
+        return mod
+    except ImportError:
+        sys.modules.pop(REGISTRY_MODULE_NAME, None)
+        dotted = dotted_name(path, tree)
+        if dotted is None:
+            raise
+        return importlib.import_module(dotted)  # e.g. relative imports inside the registry
+
+
+def apply_backend_env(cfg, backend: str | None) -> str | None:
+    """Mirror FLA's run.py: 'triton' turns every backend env off, another name turns its env on."""
+    if not backend:
+        return None
+    envs = getattr(cfg, 'backend_env', None) or {}
+    if backend == 'triton':
+        for env in envs.values():
+            os.environ[env] = '0'
+        return 'triton (default path)'
+    env = envs.get(backend)
+    if env is None:
+        raise ValueError(f"op {cfg.name!r} has no backend {backend!r}; known: {sorted(envs) + ['triton']}")
+    os.environ[env] = '1'
+    return f'{backend} ({env}=1)'
+
+
+def import_op(cfg):
+    """(module, function) of the registry entry `cfg`."""
+    mod = importlib.import_module(cfg.import_path)
+    attr = cfg.func_name or cfg.name
+    fn = getattr(mod, attr, None)
+    if fn is None:
+        public = [x for x in dir(mod) if not x.startswith('_')]
+        raise ImportError(f'{attr!r} not in module {cfg.import_path!r}; available: {public}')
+    return mod, fn
+
+
+def source_file(obj) -> str | None:
+    """Real path of the file defining obj, looking through decorators (functools.wraps, torch.compiler.disable)."""
+    candidates = []
+    try:
+        candidates.append(inspect.unwrap(obj))
+    except Exception:
+        pass
+    orig = getattr(obj, '_torchdynamo_orig_callable', None)
+    if orig is not None:
+        candidates.append(orig)
+    candidates.append(obj)
+    for c in candidates:
+        try:
+            f = inspect.getsourcefile(c) or inspect.getfile(c)
+        except TypeError:
+            continue
+        if f:
+            return os.path.realpath(f)
+    return None
+
+
+def signature(fn):
+    try:
+        return inspect.signature(fn)  # follows __wrapped__
+    except (TypeError, ValueError):
+        return None
+
+
+def loaded_outside(tree: str) -> list[str]:
+    """Top-level modules loaded now whose files live outside `tree` (third-party libraries): what a
+    fork server may import ahead of the next run without running any of the tree's code."""
+    tree = os.path.realpath(tree) + os.sep
+    names = set()
+    for name, mod in list(sys.modules.items()):
+        top = name.split('.')[0]
+        if not top or top.startswith('_flaloop') or top == '__main__' or mod is None:
+            continue
+        f = getattr(mod, '__file__', None)
+        if f and os.path.realpath(f).startswith(tree):
+            continue
+        names.add(name)
+    return sorted(names)
