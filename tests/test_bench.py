@@ -173,7 +173,8 @@ def test_a_cell_that_fails_on_one_side_shows_as_failed_and_the_rest_is_measured(
 
 
 def test_pairs_below_the_clock_floor_or_throttled_are_dropped():
-    from flaloop.bench.session import BenchConfig, Session
+    from flaloop.bench.model import BenchConfig
+    from flaloop.bench.session import Session
     from flaloop.evidence import ClockReading
 
     s = Session(root=Path("."), python=sys.executable, op="x", registry_rel="r.py", base_commit="0" * 40,

@@ -11,7 +11,8 @@ import pytest
 from conftest import commit_all, flaloop
 
 from flaloop import stats as stats_mod
-from flaloop.bench import session as session_mod
+from flaloop.bench import analysis as session_mod
+from flaloop.bench import model as model_mod
 from flaloop.bench.worker import tuning as worker_mod
 
 TUNED_KERNEL = '''
@@ -74,12 +75,12 @@ def test_tuning_differences_names_kernels_tuned_by_both_sides_with_different_pic
     assert session_mod.tuning_differences(base, base) == []
 
 
-def _result(rounds: list[list[float]]) -> session_mod.CellResult:
-    cell = session_mod.Cell("S", {"B": 1}, "fwd", "bfloat16")
-    res = session_mod.CellResult(cell)
+def _result(rounds: list[list[float]]) -> model_mod.CellResult:
+    cell = model_mod.Cell("S", {"B": 1}, "fwd", "bfloat16")
+    res = model_mod.CellResult(cell)
     for rnd, ratios in enumerate(rounds):
         for i, ratio in enumerate(ratios):
-            res.pairs.append(session_mod.Pair("AB" if i % 2 == 0 else "BA", 1.0, ratio, None, None, round=rnd))
+            res.pairs.append(model_mod.Pair("AB" if i % 2 == 0 else "BA", 1.0, ratio, None, None, round=rnd))
     return res
 
 

@@ -12,7 +12,8 @@ from rich.markup import escape
 
 from flaloop import contract as contract_mod
 from flaloop import gate as gate_mod
-from flaloop.bench import session as session_mod
+from flaloop.bench import record as record_mod
+from flaloop.bench.model import BenchConfig
 from flaloop.cli.app import (
     JsonOpt,
     PyOpt,
@@ -76,7 +77,7 @@ class BenchOptions:
     def shape_list(self) -> list[str] | None:
         return [s for item in (self.shapes or []) for s in item.split(",") if s] or None
 
-    def config(self, c: contract_mod.Contract, aa: bool = False) -> session_mod.BenchConfig:
+    def config(self, c: contract_mod.Contract, aa: bool = False) -> BenchConfig:
         if self.device not in ("auto", "cuda", "cpu"):
             raise UsageError(f"--device {self.device!r} is not one of auto, cuda, cpu")
         if self.dtype not in ("bfloat16", "float16", "float32"):
@@ -88,7 +89,7 @@ class BenchOptions:
         if self.min_pairs < 2 or self.max_pairs < self.min_pairs:
             raise UsageError(f"--min-pairs {self.min_pairs} / --max-pairs {self.max_pairs}: "
                              "need 2 <= min-pairs <= max-pairs")
-        return session_mod.BenchConfig(
+        return BenchConfig(
             min_sample_ms=self.sample_ms, setup_timeout=self.worker_timeout,
             sample_timeout=min(self.worker_timeout, 300.0),
             modes=[m for m in (self.modes.split(",") if self.modes else c.modes) if m], aa=aa,
@@ -158,7 +159,7 @@ def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float
 
 # -- bench and verify ---------------------------------------------------------------------------
 
-def run_bench_with_progress(target: Target, c, opts: BenchOptions, cfg: session_mod.BenchConfig,
+def run_bench_with_progress(target: Target, c, opts: BenchOptions, cfg: BenchConfig,
                             console: Console, gate: dict | None) -> dict:
     with progress_bar(console) as bar:
         task = bar.add_task("warming up", total=None, last="")
@@ -177,7 +178,7 @@ def run_bench_with_progress(target: Target, c, opts: BenchOptions, cfg: session_
                 bar.update(task, description=f"pairs {info['cell']}", completed=info["n"],
                            total=cfg.max_pairs, last=f"{info['kept']} kept")
 
-        return session_mod.bench(target, c, base_ref=opts.base, shapes=opts.shape_list(), cfg=cfg,
+        return record_mod.bench(target, c, base_ref=opts.base, shapes=opts.shape_list(), cfg=cfg,
                                  on_event=on_event, gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]))
 
 

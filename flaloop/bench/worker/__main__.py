@@ -21,8 +21,18 @@ def _load_package():
     return importlib.import_module(f'{PACKAGE}.server')
 
 
+def _forkserver(argv) -> int:
+    # __main__.py --forkserver FD [--preload a,b,c]: see forkserver.py
+    fd = int(argv[1])
+    names = argv[3].split(',') if len(argv) > 3 and argv[2] == '--preload' and argv[3] else []
+    server = _load_package()
+    forkserver = importlib.import_module(f'{PACKAGE}.forkserver')
+    return forkserver.serve(fd, names, server.main)
+
+
 if __name__ == '__main__':
-    proto = None
+    if sys.argv[1:2] == ['--forkserver']:
+        sys.exit(_forkserver(sys.argv[1:]))
     try:
         sys.stdout.flush()
     except Exception:

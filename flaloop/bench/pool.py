@@ -1,0 +1,169 @@
+"""Where a session's worker processes come from: started ahead, in parallel, in pairs.
+
+A run needs a fresh pair of processes per round (and one for the warm-up when it compiles), and
+each pays the target's import. The pool starts every pair the run is known to need at once, so
+their imports overlap one another and the warm-up, and forks them from a fork server when it
+can (bench/workers.py). A pair is greeted (hello, provenance check) only when its round begins;
+until then its processes wait on their stdin, idle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from flaloop.bench.workers import ForkServer, Worker, WorkerFailed
+from flaloop.errors import MeasurementError
+
+SIDES = ("base", "cand")
+
+
+def _inside(path: str | None, tree: Path) -> bool:
+    return bool(path) and os.path.realpath(path).startswith(os.path.realpath(tree) + os.sep)
+
+
+class WorkerPool:
+    def __init__(self, *, python: str, op: str, device: str, trees: dict[str, Path], registry: Path,
+                 run_dir: Path, env: dict, setup_timeout: float, use_forkserver: bool, preload_file: Path,
+                 gpu: str | None = None):
+        self.python, self.op, self.device = python, op, device
+        self.trees, self.registry, self.run_dir, self.env = trees, registry, run_dir, env
+        self.setup_timeout = setup_timeout
+        self.preload_file = preload_file
+        self.env_extra = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
+        self.server: ForkServer | None = None
+        self.forkserver: dict = {"used": False, "why": "disabled (--no-forkserver)"}
+        self.started: list[Worker] = []
+        self.ahead: dict[str, tuple[tuple[str, str], dict[str, Worker]]] = {}
+        self._n = 0
+        if use_forkserver:
+            self._start_server()
+
+    # -- the fork server --
+
+    def _preload(self) -> list[str]:
+        try:
+            names = json.loads(self.preload_file.read_text())
+            return [n for n in names if isinstance(n, str)]
+        except (OSError, ValueError):
+            return ["torch", "triton"]
+
+    def _start_server(self) -> None:
+        preload = self._preload()
+        try:
+            self.server = ForkServer(self.python, {**self.env, **self.env_extra}, self.run_dir / "forkserver.log",
+                                     preload, timeout=self.setup_timeout)
+            ready = self.server.ready
+            self.forkserver = {"used": True, "why": "", "preload": ready.get("preload"), "pid": ready.get("pid")}
+        except (OSError, RuntimeError) as exc:
+            self.server = None
+            self.forkserver = {"used": False, "why": str(exc)}
+
+    def fall_back(self, why: str) -> None:
+        """Stop forking: every later worker is spawned (a forked child could not run, say)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        self.forkserver = {**self.forkserver, "used": False, "why": why}
+
+    def remember_preload(self, hellos: list[dict]) -> None:
+        names = sorted({m for h in hellos for m in (h.get("preload") or [])})
+        if names:
+            try:
+                self.preload_file.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.preload_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps(names))
+                os.replace(tmp, self.preload_file)
+            except OSError:
+                pass
+
+    # -- pairs --
+
+    def start_pair(self, order: tuple[str, str], label: str) -> dict[str, Worker]:
+        """Start one process per side, in `order` (the round's start order); don't wait for them."""
+        pair = {}
+        for side in order:
+            self._n += 1
+            log = self.run_dir / f"{side}-{label}.stderr"
+            try:
+                w = Worker(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
+                           env=self.env, server=self.server, env_extra=self.env_extra)
+            except RuntimeError as exc:  # the fork server refused: spawn from now on
+                self.fall_back(str(exc))
+                w = Worker(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
+                           env=self.env, env_extra=self.env_extra)
+            self.started.append(w)
+            pair[side] = w
+        return pair
+
+    def greet(self, pair: dict[str, Worker], order: tuple[str, str]) -> dict[str, dict]:
+        """hello from each side (in order), each proving its op came from its own tree."""
+        hellos = {}
+        for side in order:
+            w = pair[side]
+            w.hello = w.request("hello", self.setup_timeout)
+            hellos[side] = w.hello
+            if not w.hello.get("ok"):
+                raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}",
+                                       w.hello.get("traceback", "")[-2000:])
+            for key in ("op_module_file", "op_func_file"):
+                if not _inside(w.hello.get(key), w.tree):
+                    raise MeasurementError(
+                        f"the {side} worker imported {self.op} from {w.hello.get(key)}, not from its tree {w.tree}",
+                        "an installed copy shadows the tree; uninstall it or fix sys.path: "
+                        "refusing to measure the wrong code")
+        return hellos
+
+    def prestart(self, label: str, order: tuple[str, str]) -> None:
+        """Start the pair a later round will take, now: its import overlaps the current work."""
+        if label not in self.ahead:
+            self.ahead[label] = (order, self.start_pair(order, label))
+
+    def take(self, label: str, order: tuple[str, str]) -> tuple[dict[str, Worker], dict[str, dict]]:
+        """A greeted pair for `label`: the one started ahead, else a new one. A forked pair that
+        cannot even say hello (a library that broke under fork, CUDA initialised before the fork)
+        is replaced by spawned processes, and nothing is forked after that."""
+        started = self.ahead.pop(label, None)
+        pair = started[1] if started and started[0] == order else self.start_pair(order, label)
+        if started and started[0] != order:
+            self.close_pair(started[1])
+        try:
+            return pair, self.greet(pair, order)
+        except (MeasurementError, WorkerFailed) as exc:
+            if not any(w.forked for w in pair.values()):
+                raise
+            self.close_pair(pair)
+            self.fall_back(f"a forked worker failed to start ({exc.message}); spawned instead")
+            for _, other in self.ahead.values():
+                self.close_pair(other)
+            self.ahead.clear()
+            pair = self.start_pair(order, label + "-spawned")
+            return pair, self.greet(pair, order)
+
+    def drop(self, label: str) -> None:
+        """A pair started ahead that will not be needed."""
+        started = self.ahead.pop(label, None)
+        if started:
+            self.close_pair(started[1])
+
+    @staticmethod
+    def close_pair(pair: dict[str, Worker]) -> None:
+        for w in pair.values():
+            w.close()
+
+    def close(self) -> None:
+        for w in self.started:
+            try:
+                w.close()
+            except OSError:
+                pass
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

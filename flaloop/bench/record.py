@@ -1,0 +1,104 @@
+"""`bench()`: one paired session for the contract's op, and its run record.
+
+The run record (`profile/<op>-opt/runs/<stamp>-{bench,aa}/record.json`) is the single source of
+truth for everything printed or reported later: configuration, fingerprint, every raw pair,
+per-cell estimates and verdicts, the guard's findings. It is written even when the run is cut
+short (Ctrl-C), so that `--json` can name it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from flaloop import git
+from flaloop.bench.analysis import analyse
+from flaloop.bench.model import BenchConfig, make_cells
+from flaloop.bench.session import Events, Session
+from flaloop.errors import UsageError
+from flaloop.guard.audit import audit
+
+SCHEMA = 2
+
+
+def write_record(run_dir: Path, record: dict) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "record.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def now_stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _guard_summary(session: Session, static: dict | None, allowed: list[dict]) -> dict:
+    cell_findings = [f for r in session.results for f in r.findings]
+    findings = list(session.run_findings) + [f for f in (static or {}).get("findings", [])] + cell_findings
+    return {"blocked": any(f.get("blocking") for f in findings), "findings": findings, "static": static,
+            "integrity": session.integrity, "allowed": allowed, "probes": session.cfg.probes,
+            "probe_seconds": round(session.probe_seconds, 3)}
+
+
+def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, cfg: BenchConfig,
+          on_event: Events | None = None, gate: dict | None = None, command: str = "",
+          gpu: str | None = None) -> dict:
+    """Run one paired session for the contract's op and keep its run record."""
+    spec = target.op(contract.op)
+    if not target.registry_file.is_file():
+        raise UsageError(f"{contract.op} has no registry entry to build bench inputs from",
+                         f"the bench reads TensorSpecs from {target.registry_file.relative_to(target.root)}")
+    base_commit = git.resolve_ref(target.root, base_ref) if base_ref else contract.base_commit
+    if git.file_at(target.root, base_commit, str(target.registry_file.relative_to(target.root))) is None:
+        raise UsageError(f"the base {base_commit[:12]} has no {target.registry_file.relative_to(target.root)}",
+                         "choose a base that has the registry (--base)")
+    cells = make_cells(target.shape_configs(spec), shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen)
+    if not cells:
+        raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
+    cfg.overrides = {**contract.input_overrides, **cfg.overrides}
+    allowed = list(getattr(contract, "allowed", None) or [])
+    # The static rules over the diff against this run's base: seconds, before any process starts.
+    static = None if cfg.aa else audit(target, contract, base_commit).to_dict()
+    stamp = now_stamp()
+    run_dir = target.workspace(contract.op) / "runs" / f"{stamp}-{'aa' if cfg.aa else 'bench'}"
+    session = Session(root=target.root, python=target.python, op=contract.op,
+                      registry_rel=str(target.registry_file.relative_to(target.root)), base_commit=base_commit,
+                      cells=cells, config=cfg, run_dir=run_dir, on_event=on_event, allowed=allowed, gpu=gpu)
+    tree = git.tree_state(target.root)
+    t0 = time.monotonic()
+    interrupted = False
+    pending: KeyboardInterrupt | None = None
+    try:
+        session.run()
+    except KeyboardInterrupt as exc:
+        interrupted, pending = True, exc
+        raise
+    finally:
+        run_blocked = [f for f in session.run_findings + ((static or {}).get("findings") or []) if f.get("blocking")]
+        summary = analyse(session.results, cfg.margin, cfg.seed, aa=cfg.aa, run_blocked=run_blocked)
+        guard = _guard_summary(session, static, allowed)
+        summary["n_blocked"] = sum(r.verdict == "BLOCKED" for r in session.results)
+        record = {
+            "kind": "bench", "schema": SCHEMA, "op": contract.op, "created": stamp, "command": command,
+            "aa": cfg.aa, "signal": cfg.signal, "base": {"ref": base_ref or contract.base_ref, "commit": base_commit},
+            "candidate": {"tree": "base worktree (A/A)" if cfg.aa else str(target.root), **tree},
+            "config": asdict(cfg), "env": session.env_info, "gpu": gpu,
+            "workers": session.hellos[0] if session.hellos else {},
+            "rounds": [{s: h.get("pid") for s, h in hs.items()} for hs in session.hellos],
+            "import_s": [{s: h.get("import_s") for s, h in hs.items()} for hs in session.hellos],
+            "primed": session.primed, "contested": session.contested, "restarts": session.restarts,
+            "gate": gate, "unverified": gate is None, "interrupted": interrupted,
+            "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2),
+            "guard": guard, "summary": summary, "cells": [r.to_dict() for r in session.results],
+        }
+        if session.pool is not None or interrupted:
+            record["path"] = str(write_record(run_dir, record))
+        if pending is not None:  # so that `--json` can still name the record of a cut-short run
+            pending.record_path = record.get("path")
+    return record

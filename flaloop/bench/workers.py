@@ -1,0 +1,291 @@
+"""Worker processes seen from the orchestrator: how they come to exist and how we talk to them.
+
+A `Worker` speaks JSON lines over pipes (flaloop/bench/worker/protocol.py). It runs either as a
+plain subprocess of the target's interpreter, or as a child forked by a `ForkServer` that
+imported torch and the target's third-party libraries once (flaloop/bench/worker/forkserver.py):
+with FLA that turns a 16-19 s import per process into the import of FLA's own modules. The fork
+server is an optimisation only: when it cannot start, or a forked child cannot use the GPU, the
+session falls back to plain subprocesses and says so in the run record.
+
+Every worker is the leader of its own process group, dies with its parent (parent-death signal
+for spawned ones, a watchdog thread in the worker for all), and is killed group-wide on close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from flaloop.errors import MeasurementError
+
+WORKER = Path(__file__).parent / "worker" / "__main__.py"
+PR_SET_PDEATHSIG = 1
+
+
+class WorkerFailed(MeasurementError):
+    """The worker process died or stopped answering; `stderr` has its last words."""
+
+    def __init__(self, side: str, what: str, stderr: str):
+        super().__init__(f"the {side} worker {what}", f"its stderr ends with:\n{stderr[-3000:]}")
+        self.side, self.stderr = side, stderr
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+def kill_group(pid: int, alive, wait) -> None:
+    """SIGTERM then SIGKILL to the process group of `pid` (a session leader)."""
+    if not alive():
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        if wait(5.0):
+            return
+
+
+class SpawnedProc:
+    """A worker started with Popen (its own session, killed if we die)."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict | None, log) -> None:
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                  bufsize=1, cwd=cwd, env=env, start_new_session=True,
+                                  preexec_fn=_die_with_parent)
+        self.pid, self.stdin, self.stdout = self.p.pid, self.p.stdin, self.p.stdout
+
+    def poll(self) -> int | None:
+        return self.p.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        kill_group(self.pid, lambda: self.p.poll() is None, lambda t: self.wait(t) is not None)
+
+
+class ForkServer:
+    """One fork server per session (see flaloop/bench/worker/forkserver.py)."""
+
+    def __init__(self, python: str, env: dict, log_path: Path, preload: list[str], timeout: float = 600.0):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._lock = threading.Lock()
+        self.log = open(log_path, "w")  # noqa: SIM115 - closed in close()
+        argv = [python, "-u", str(WORKER), "--forkserver", str(theirs.fileno()), "--preload", ",".join(preload)]
+        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
+                                  pass_fds=(theirs.fileno(),), start_new_session=True,
+                                  preexec_fn=_die_with_parent)
+        theirs.close()
+        self.sock.settimeout(timeout)
+        try:
+            self.ready = json.loads(self.sock.recv(1 << 20).decode() or "{}")
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise RuntimeError(f"the fork server did not start: {exc}") from exc
+        finally:
+            self.sock.settimeout(None)
+        if not self.ready.get("ok"):
+            self.close()
+            raise RuntimeError(f"the fork server did not start: {self.ready}")
+        if self.ready.get("cuda_initialized"):
+            self.close()
+            raise RuntimeError("a preloaded library initialised CUDA in the fork server: children could not use it")
+
+    def _ask(self, req: dict, fds: list[int] | None = None) -> dict:
+        with self._lock:
+            data = json.dumps(req).encode()
+            if fds:
+                socket.send_fds(self.sock, [data], fds)
+            else:
+                self.sock.send(data)
+            reply = self.sock.recv(1 << 20)
+        if not reply:
+            raise RuntimeError("the fork server is gone")
+        return json.loads(reply.decode())
+
+    def spawn(self, argv: list[str], cwd: Path, env: dict | None, log) -> ForkedProc:
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            reply = self._ask({"cmd": "spawn", "argv": argv, "cwd": str(cwd), "env": env or {}},
+                              [in_r, out_w, log.fileno()])
+        finally:
+            os.close(in_r)
+            os.close(out_w)
+        if not reply.get("ok"):
+            os.close(in_w)
+            os.close(out_r)
+            raise RuntimeError(f"the fork server could not fork: {reply.get('error')}")
+        return ForkedProc(self, reply["pid"], os.fdopen(in_w, "w", buffering=1), os.fdopen(out_r, "r"))
+
+    def returncode(self, pid: int) -> int | None:
+        try:
+            return self._ask({"cmd": "status", "pid": pid}).get("returncode")
+        except (OSError, RuntimeError, ValueError):
+            return None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.p.poll() is None:
+            try:
+                self.p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                kill_group(self.p.pid, lambda: self.p.poll() is None,
+                           lambda t: _wait_popen(self.p, t))
+        self.log.close()
+
+
+def _wait_popen(p: subprocess.Popen, t: float) -> bool:
+    try:
+        p.wait(timeout=t)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class ForkedProc:
+    """A worker forked by the fork server (not our child: watched through /proc)."""
+
+    def __init__(self, server: ForkServer, pid: int, stdin, stdout) -> None:
+        self.server, self.pid, self.stdin, self.stdout = server, pid, stdin, stdout
+        self._code: int | None = None
+
+    def poll(self) -> int | None:
+        if self._code is None and not _alive(self.pid):
+            self._code = self.server.returncode(self.pid)
+            if self._code is None:
+                self._code = -1  # gone, status unknown (reaped late)
+        return self._code
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.poll() is not None:
+                return self._code
+            time.sleep(0.05)
+        return None
+
+    def kill(self) -> None:
+        kill_group(self.pid, lambda: self.poll() is None, lambda t: self.wait(t) is not None)
+        for f in (self.stdin, self.stdout):
+            with contextlib.suppress(OSError):
+                f.close()
+
+
+class Worker:
+    """One long-lived worker process speaking JSON lines over pipes."""
+
+    def __init__(self, side: str, python: str, tree: Path, registry: Path, op: str, device: str,
+                 log_path: Path, env: dict[str, str] | None = None, server: ForkServer | None = None,
+                 env_extra: dict[str, str] | None = None):
+        self.side, self.tree, self.log_path = side, tree, log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in close()
+        args = ["--tree", str(tree), "--registry", str(registry), "--op", op, "--side", side,
+                "--workdir", str(log_path.parent)]
+        if device != "auto":
+            args += ["--device", device]
+        self.forked = server is not None
+        if server is not None:
+            self.proc = server.spawn(args, tree, env_extra, self._log)
+        else:
+            self.proc = SpawnedProc([python, "-u", str(WORKER), *args], tree, {**(env or {}), **(env_extra or {})}
+                                    if env is not None else None, self._log)
+        self._replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.dead = False
+        self.hello: dict = {}
+
+    def _pump(self) -> None:
+        try:
+            for line in self.proc.stdout:
+                self._replies.put(line)
+        except (OSError, ValueError):
+            pass
+        self._replies.put(None)
+
+    def stderr_tail(self) -> str:
+        self._log.flush()
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def request(self, cmd: str, timeout: float, **payload) -> dict:
+        if self.dead:
+            raise WorkerFailed(self.side, "is gone", self.stderr_tail())
+        try:
+            self.proc.stdin.write(json.dumps({"cmd": cmd, **payload}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self._die()
+            raise WorkerFailed(self.side, f"died before `{cmd}`", self.stderr_tail()) from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._die()
+                raise WorkerFailed(self.side, f"hung: no answer to `{cmd}` within {timeout:.0f}s",
+                                   self.stderr_tail()) from None
+            if line is None:
+                self._die()
+                code = self.proc.wait(10.0)
+                raise WorkerFailed(self.side, f"crashed during `{cmd}` (exit {_describe(code)})", self.stderr_tail())
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not ours: the protocol fd is private, but be forgiving
+
+    def _die(self) -> None:
+        self.dead = True
+        self.proc.kill()
+
+    def close(self) -> None:
+        if not self.dead and self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(3.0)  # an idle worker quits at once; a busy one is killed
+            except (OSError, ValueError):
+                pass
+        self.proc.kill()
+        self._log.close()
+
+
+def _describe(code: int | None) -> str:
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return f"{code}, killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return str(code)
+    return str(code)

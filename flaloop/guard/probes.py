@@ -1,0 +1,221 @@
+"""Judging the dynamic probes: the workers report facts about each side (flaloop/bench/worker/
+probes.py, integrity.py, the wall time beside each sample); these pure functions compare the
+candidate with the base and return findings. A rule fires on what the candidate does and the
+base does not, so behaviour the base already has (its own streams, its own nondeterminism) is
+never held against the candidate. docs/GUARD.md has a section per probe id.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from flaloop.guard.findings import BLOCK, WARN, Finding
+
+# Probe ids and what they stop; the `why`/`fix` texts the findings carry.
+PROBES: dict[str, tuple[str, str, str]] = {
+    "timer-patched": (BLOCK, "the candidate replaced a function on the timing path (a patched timer fakes any "
+                      "speedup: FASTER 1.25x on an H200 from a wrapped Event.elapsed_time)",
+                      "remove the patch; flaloop times with its own references and rejects the run"),
+    "timer-wall-gap": (BLOCK, "the candidate's device time falls short of the host wall time of the same "
+                       "synchronized batch by more than the base's does: its timer reads less than elapsed",
+                       "remove whatever alters CUDA event timing in the candidate's process"),
+    "eager-disagrees": (BLOCK, "the device-time speedup is not seen in the eager wall time of the same calls, "
+                        "although the cell is not launch-bound",
+                        "check for timer tricks or work moved out of the timed calls"),
+    "inputs-mutated": (BLOCK, "with its inputs changed in place (same pointers) the candidate's result differs "
+                       "from the base's: it caches outputs by pointer, shape or identity",
+                       "never key a cache on data_ptr()/id()/shapes of tensors; recompute every call"),
+    "unwritten-output": (BLOCK, "outputs allocated NaN-filled came back with NaN the base does not have: part of "
+                         "the output is never written (it relied on leftover memory)",
+                         "write every element of every output; don't rely on the allocator's contents"),
+    "nondeterministic": (BLOCK, "two calls on the same inputs disagree beyond the correctness tolerance: "
+                         "a race", "fix the race (atomics order, missing barriers, unsynchronized streams)"),
+    "no-own-kernel": (BLOCK, "the base launches kernels of its own, the candidate launches none: the work "
+                      "was delegated or skipped", "keep the computation in the op's own kernels"),
+    "library-compute": (BLOCK, "the candidate calls library GEMM/attention kernels (cuBLAS, SDPA) that the "
+                        "base does not", "keep the compute in the op's kernels, or justify it with --allow"),
+    "side-stream": (BLOCK, "the candidate runs kernels on more streams than the base: work on a side stream "
+                    "escapes the events on the timed stream", "run on the current stream"),
+    "output-subclass": (BLOCK, "an output is a tensor subclass (lazy outputs defer the work past the timer)",
+                        "return plain torch.Tensor outputs"),
+    "output-aliases-input": (BLOCK, "an output shares storage with an input (the base's does not)",
+                             "return freshly computed outputs"),
+    "deferred-work": (BLOCK, "outputs changed after the timed stream was synchronized: work was deferred to "
+                      "another stream or a thread", "finish all work on the calling stream before returning"),
+    "numeric-settings": (BLOCK, "numeric settings differ between the sides after the first call (TF32, matmul "
+                         "precision, TRITON_* / FLA_* environment, Triton's fp32 default)",
+                         "leave global numeric settings alone; a relaxation must be justified with --allow"),
+    "l2-persisting": (BLOCK, "the candidate set a persisting-L2 limit or an access-policy window: data kept "
+                      "resident in L2 across timed calls", "do not set persisting L2 (cudaLimitPersistingL2CacheSize, "
+                      "accessPolicyWindow)"),
+    "implausible-speedup": (BLOCK, "the candidate runs faster than the roofline floor of the cell allows "
+                            "(bytes it must move / copy bandwidth, FLOPs / GEMM rate)",
+                            "check what the candidate skips: a result that beats physics is not computed"),
+    "probe-error": (WARN, "a probe could not run on this cell", "read the worker's stderr in the run directory"),
+}
+
+
+def finding(rule: str, message: str, cell: str | None = None, side: str | None = "cand",
+            severity: str | None = None) -> Finding:
+    sev, why, fix = PROBES[rule]
+    return Finding(rule=rule, severity=severity or sev, message=message, why=why, fix=fix, cell=cell, side=side)
+
+
+# -- integrity and timing (per run, per cell) ---------------------------------------------------------
+
+def integrity(base: list[str], cand: list[str], aa: bool = False) -> list[Finding]:
+    """Violations of the timing-path watch the candidate shows and the base does not."""
+    if aa:
+        return []
+    extra = [v for v in cand if v not in set(base)]
+    return [finding("timer-patched", v, cell=None) for v in extra]
+
+
+def timer_wall_gap(cell: str, pairs: list, k: int | None, timer: str | None) -> Finding | None:
+    """Device time vs host wall time of the same synchronized graph replays, compared across sides.
+
+    For a CUDA-graph sample, wall = device + a small constant (the replay's launch and the final
+    sync), the same on both sides. A timer that under-reports shows as a larger gap on its side.
+    Flagged when the candidate's median per-call gap exceeds the base's by more than 0.2% of the
+    per-call time (plus 20 us per sample): a 1% fake on a 10 ms sample leaves a 100 us gap. Also
+    flagged: device time above wall time (impossible for an honest timer) on the candidate.
+    """
+    if timer != "cuda_graph":
+        return None
+    rows = [p for p in pairs if p.dropped is None and p.base_wall_ms and p.cand_wall_ms]
+    if len(rows) < 4:
+        return None
+    gap_b = statistics.median(p.base_wall_ms - p.base_ms for p in rows)
+    gap_c = statistics.median(p.cand_wall_ms - p.cand_ms for p in rows)
+    per_call = statistics.median(p.base_ms for p in rows)
+    k = max(1, k or 1)
+    tol = 0.002 * per_call + 0.02 / k
+    if gap_c - gap_b > tol:
+        return finding("timer-wall-gap", f"device time is {gap_c * 1e3:.1f} us/call short of wall time on the "
+                       f"candidate vs {gap_b * 1e3:.1f} us on the base (tolerance {tol * 1e3:.1f} us)", cell)
+    over = [p for p in rows if p.cand_ms > p.cand_wall_ms * 1.001 + 0.01 / k]
+    if len(over) > len(rows) // 2:
+        return finding("timer-wall-gap", f"device time exceeds wall time in {len(over)} of {len(rows)} candidate "
+                       "samples", cell)
+    return None
+
+
+def eager_disagrees(cell: str, speedup: float | None, eager: dict, host: dict) -> Finding | None:
+    """A device-time win the eager wall time does not show, on a cell that is not launch-bound.
+
+    Eager samples are few and noisier, so only a clear gap counts: a device speedup of at least 5%
+    of which the eager wall time shows less than a third."""
+    try:
+        eb, ec = eager["base"]["median"], eager["cand"]["median"]
+        hb, hc = host["base"]["median"], host["cand"]["median"]
+    except (KeyError, TypeError):
+        return None
+    if speedup is None or speedup < 1.05 or not (eb > 0 and ec > 0):
+        return None
+    if max(hb, hc) > 0.5 * min(eb, ec):  # host-bound: the wall time is the launch cost, not the kernel
+        return None
+    eager_speedup = eb / ec
+    if math.log(eager_speedup) < math.log(speedup) / 3:
+        return finding("eager-disagrees", f"device time says {speedup:.3f}x, eager wall time {eager_speedup:.3f}x", cell)
+    return None
+
+
+# -- the probes of one cell ---------------------------------------------------------------------------
+
+def _err(cell: str, side: str, name: str, report: dict) -> Finding | None:
+    e = (report or {}).get("error")
+    return finding("probe-error", f"{name} probe failed on the {side}: {e}", cell, side) if e else None
+
+
+def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_tol: float,
+                  aa: bool = False) -> list[Finding]:
+    """Findings from both sides' probe reports of one cell (and the candidate's comparison of its
+    results on in-place-mutated inputs with the base's)."""
+    out: list[Finding] = []
+    for side, rep in (("base", base), ("cand", cand)):
+        for name in ("outputs", "determinism", "poison", "census", "l2"):
+            f = _err(cell, side, name, rep.get(name))
+            if f:
+                out.append(f)
+    if aa:
+        return out
+
+    if mutated is not None and not mutated.get("match", True):
+        worst = sorted((mutated.get("tensors") or {}).items(), key=lambda kv: -(kv[1].get("rel_rms") or 0))[:2]
+        what = ", ".join(f"{n} rel-RMS {t.get('rel_rms')}" for n, t in worst)
+        out.append(finding("inputs-mutated", f"after an in-place change of the inputs: {what}", cell))
+
+    bo, co = base.get("outputs") or {}, cand.get("outputs") or {}
+    if co.get("subclass"):
+        out.append(finding("output-subclass", f"outputs {co['subclass']} are tensor subclasses", cell))
+    new_alias = sorted(set(co.get("aliases_input") or []) - set(bo.get("aliases_input") or []))
+    if new_alias:
+        out.append(finding("output-aliases-input", f"outputs {new_alias} share storage with an input", cell))
+    new_late = sorted(set(co.get("changed_after_sync") or []) - set(bo.get("changed_after_sync") or []))
+    if new_late:
+        out.append(finding("deferred-work", f"outputs {new_late} changed after the calling stream finished", cell))
+
+    bd, cd = base.get("determinism") or {}, cand.get("determinism") or {}
+    rel = cd.get("max_rel_diff")
+    if rel is not None and not cd.get("bitwise", True):
+        base_rel = bd.get("max_rel_diff") or 0.0
+        if rel > diff_tol and rel > 4 * base_rel:
+            out.append(finding("nondeterministic", f"two calls differ by rel-RMS {rel:.3g} (base {base_rel:.3g}, "
+                               f"tolerance {diff_tol:g})", cell))
+        elif bd.get("bitwise", False):
+            out.append(finding("nondeterministic", f"two calls differ by rel-RMS {rel:.3g} (within tolerance; the "
+                               "base is bitwise reproducible)", cell, severity=WARN))
+
+    bp, cp = (base.get("poison") or {}).get("nonfinite") or {}, (cand.get("poison") or {}).get("nonfinite") or {}
+    unwritten = {n: c for n, c in cp.items() if c and c > (bp.get(n) or 0)}
+    if unwritten:
+        out.append(finding("unwritten-output", "non-finite values after poisoned allocation: "
+                           + ", ".join(f"{n}: {c}" for n, c in unwritten.items()), cell))
+
+    bc, cc = base.get("census") or {}, cand.get("census") or {}
+    if "error" not in bc and "error" not in cc and bc and cc:
+        base_own = sum((bc.get("triton_launches") or {}).values()) + (bc.get("own_gpu_kernels") or 0)
+        cand_own = sum((cc.get("triton_launches") or {}).values()) + (cc.get("own_gpu_kernels") or 0)
+        if base_own > 0 and cand_own == 0:
+            out.append(finding("no-own-kernel", f"the base launched {base_own} kernel(s) of its own, the candidate "
+                               "none", cell))
+        lib_b = sum((bc.get("library_ops") or {}).values()) + sum((bc.get("library_kernels") or {}).values())
+        lib_c = sum((cc.get("library_ops") or {}).values()) + sum((cc.get("library_kernels") or {}).values())
+        if lib_c > lib_b:
+            names = sorted({**(cc.get("library_ops") or {}), **(cc.get("library_kernels") or {})})
+            out.append(finding("library-compute", f"{lib_c} library GEMM/attention call(s) vs {lib_b} on the base: "
+                               + ", ".join(names[:6]), cell))
+        if (cc.get("n_streams") or 0) > max(1, bc.get("n_streams") or 0):
+            out.append(finding("side-stream", f"kernels on {cc['n_streams']} streams (base: {bc.get('n_streams')})",
+                               cell))
+
+    bl, cl = base.get("l2") or {}, cand.get("l2") or {}
+    if cl.get("checked"):
+        for key, label in (("persisting_limit_bytes", "persisting-L2 limit"), ("window_bytes", "access-policy window")):
+            if (cl.get(key) or 0) > (bl.get(key) or 0):
+                out.append(finding("l2-persisting", f"{label} {cl[key]} bytes (base {bl.get(key)})", cell))
+
+    diffs = numeric_differences(base.get("numeric") or {}, cand.get("numeric") or {})
+    if diffs:
+        out.append(finding("numeric-settings", "; ".join(diffs[:8]), cell))
+    return out
+
+
+def numeric_differences(base: dict, cand: dict) -> list[str]:
+    out = []
+    for group in ("flags", "triton", "env"):
+        b, c = base.get(group) or {}, cand.get(group) or {}
+        for key in sorted(set(b) | set(c)):
+            if b.get(key) != c.get(key):
+                out.append(f"{key}: base {b.get(key)!r}, candidate {c.get(key)!r}")
+    return out
+
+
+def implausible(cell: str, cand_ms: float | None, floor_ms: float | None) -> Finding | None:
+    """The candidate's median device time below the roofline floor of the cell (5% slack for the
+    ceilings' own measurement error)."""
+    if not cand_ms or not floor_ms or cand_ms >= 0.95 * floor_ms:
+        return None
+    return finding("implausible-speedup", f"{cand_ms:.4g} ms per call is {floor_ms / cand_ms:.2f}x below the "
+                   f"roofline floor of {floor_ms:.4g} ms", cell)
