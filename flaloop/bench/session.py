@@ -140,8 +140,12 @@ class Session:
                                       if r.status == "ok" and round_estimates(r, self.cfg.seed)[1]]
                     if self.contested:
                         planned = min(self.cfg.max_rounds, planned + 2)
+            blocked = self._blocked_run()
             for res in self.results:
-                if res.status == "ok" and len(res.kept) < 6:
+                if blocked and res.status in ("pending", "ok") and not res.kept:
+                    rules = sorted({f["rule"] for f in self.run_findings if f.get("blocking")})
+                    res.status, res.reason = "blocked", f"guard: {', '.join(rules)} (run stopped)"
+                elif res.status == "ok" and len(res.kept) < 6:
                     res.status = "failed"
                     res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
         self.on_event("done")

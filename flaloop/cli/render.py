@@ -103,7 +103,32 @@ def print_bench(record: dict, console: Console) -> None:
         console.print(f"[yellow]autotune chose differently on the two sides ({how}):[/]", markup=True)
         for cid, d in differs[:20]:
             console.print(f"  {cid}: {escape(d)}", markup=True)
+    print_findings((record.get("guard") or {}).get("findings") or [], console)
+    if record.get("signal"):
+        console.print("[yellow]SIGNAL ONLY (--quick): one round, a wide stopping rule; never evidence of a win[/]",
+                      markup=True)
     for e in record.get("errors", []):
         console.print(f"[red]worker failure:[/] {escape(e)}", markup=True)
     if record.get("path"):
         console.print(f"run record: {record['path']}")
+
+
+def print_findings(findings: list[dict], console: Console) -> None:
+    """The guard's findings under a table: blocking ones first, each with where, why and what to do."""
+    if not findings:
+        return
+    order = sorted(findings, key=lambda f: (not f.get("blocking"), f.get("rule", "")))
+    n_block = sum(1 for f in findings if f.get("blocking"))
+    console.print(f"[bold]guard: {n_block} blocking finding(s), {len(findings) - n_block} other[/]", markup=True)
+    for f in order:
+        tag = ("[bold red]BLOCK[/]" if f.get("blocking") else
+               "[green]allowed[/]" if f.get("allowed") else "[yellow]warn[/]")
+        where = f.get("where") or f.get("cell") or ""
+        console.print(f"  {tag} {escape(f.get('rule', '?'))} {escape(where)}: {escape(f.get('message', ''))}",
+                      markup=True)
+        if f.get("allowed"):
+            console.print(f"      allowed: {f['allowed']}")
+        elif f.get("why"):
+            console.print(f"      why: {f['why']}")
+            if f.get("fix"):
+                console.print(f"      do: {f['fix']}")
