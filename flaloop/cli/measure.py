@@ -36,7 +36,11 @@ from flaloop.target import Target
 class GateOptions:
     workers: Annotated[int, typer.Option("--workers", help="Run the gate over N pytest-xdist workers.")] = 0
     gpus: Annotated[str | None, typer.Option(
-        "--gpus", help="With --workers: pin worker i to GPU i mod n, e.g. 0,1.")] = None
+        "--gpus", help="GPUs to use, e.g. 0,1: the gate's xdist worker i runs on GPU i mod n; with several, "
+                       "verify benches on the last one while the gate runs on the others.")] = None
+    regate: Annotated[bool, typer.Option(
+        "--regate", help="Run the gate even when a green gate of the same tree state, contract, frozen "
+                         "hashes, environment and interpreter is recorded (default: reuse it).")] = False
 
     def gpu_list(self) -> list[str] | None:
         return parse_gpus(self.gpus)
@@ -125,7 +129,7 @@ def gate_cmd(
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     result = run_gate_with_progress(target, c, k_expr, timeout, human(as_json), gate_options.workers,
-                                    gate_options.gpu_list())
+                                    gate_options.gpu_list(), regate=gate_options.regate)
     if as_json:
         emit_json({"ok": True, **result.to_dict()})
     else:
@@ -134,7 +138,8 @@ def gate_cmd(
 
 
 def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float | None,
-                           console: Console, workers: int = 0, gpus: list[str] | None = None) -> gate_mod.GateResult:
+                           console: Console, workers: int = 0, gpus: list[str] | None = None,
+                           regate: bool = False) -> gate_mod.GateResult:
     _, stripped, _ = gate_mod.clean_env(target.extra_strip_env())
     for name, value in stripped.items():
         console.print(f"[yellow]removed {escape(name)}={escape(value)} from the gate's environment[/] "
@@ -154,7 +159,7 @@ def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float
 
         return gate_mod.run_gate(target, c, k_expr=k_expr, progress=updater("candidate"),
                                  baseline_progress=updater(f"baseline at {c.base_commit[:8]}"), timeout=timeout,
-                                 workers=workers, gpus=gpus)
+                                 workers=workers, gpus=gpus, regate=regate)
 
 
 # -- bench and verify ---------------------------------------------------------------------------

@@ -13,6 +13,9 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
     label = "[bold green]GREEN[/]" if r.green else "[bold red]RED[/]"
     scope = f"  [yellow](signal only: -k {escape(repr(r.k_expr))})[/]" if r.signal_only else ""
     console.print(f"{label} gate {escape(r.op)}: {escape(r.test_file)}{scope}", markup=True)
+    if r.reused_from:
+        console.print(f"  reused: the green gate of {r.reused_from} ran on the same tree state, contract, frozen "
+                      "hashes, environment and interpreter (--regate runs it again)")
     if r.run:
         n = r.run
         console.print(f"  {n.passed} passed, {n.failed} failed, {n.skipped} skipped, {n.errors} errors; "
@@ -124,8 +127,8 @@ def print_findings(findings: list[dict], console: Console) -> None:
         tag = ("[bold red]BLOCK[/]" if f.get("blocking") else
                "[green]allowed[/]" if f.get("allowed") else "[yellow]warn[/]")
         where = f.get("where") or f.get("cell") or ""
-        console.print(f"  {tag} {escape(f.get('rule', '?'))} {escape(where)}: {escape(f.get('message', ''))}",
-                      markup=True)
+        where = f" {escape(where)}" if where else ""
+        console.print(f"  {tag} {escape(f.get('rule', '?'))}{where}: {escape(f.get('message', ''))}", markup=True)
         if f.get("allowed"):
             console.print(f"      allowed: {f['allowed']}")
         elif f.get("why"):
