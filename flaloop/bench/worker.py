@@ -942,6 +942,8 @@ class Worker:
             'python': sys.executable,
             'torch': torch.__version__,
             'triton': _triton_version(),
+            'tilelang': _dist_version('tilelang'),
+            'cutlass': _dist_version('nvidia-cutlass-dsl'),
             'device': dev.type,
             'device_name': device_name,
             'device_uuid': device_uuid,
@@ -1054,6 +1056,15 @@ class Worker:
         if isinstance(cid, dict):
             cid = cid.get('id')
         return {'cell': cid, 'released': self._release(str(cid))}
+
+
+def _dist_version(dist: str) -> str | None:
+    """Installed version of a distribution, read from its metadata (never imported)."""
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:
+        return None
 
 
 def _triton_version() -> str | None:
