@@ -191,6 +191,10 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
             data = _run_probe(target.python, tree, registry, contract.op, wire, out, side, device, env)
             for key in ("_stdout", "_stderr"):
                 data.pop(key, None)
+            where = (data.get("hello") or {}).get("op_module_file") or ""
+            if not os.path.realpath(where).startswith(os.path.realpath(tree) + os.sep):
+                raise MeasurementError(f"the {side} side imported {contract.op} from {where}, not from {tree}",
+                                       "an installed copy shadows the tree: refusing to profile the wrong code")
             doc[side] = data
         doc["device"] = doc["cand"]["device"]
         doc["kernels_are"] = doc["cand"]["kernels_are"]
