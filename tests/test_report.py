@@ -12,6 +12,7 @@ from conftest import commit_all, edit, flaloop, fresh_copy, git, make_toy_repo
 
 from flaloop import git as git_mod
 from flaloop import report as report_mod
+from flaloop.errors import UsageError
 from flaloop.guard.findings import Finding
 from flaloop.target import Target
 
@@ -280,14 +281,15 @@ def test_a_loop_without_a_kept_iteration_is_a_no_go(toy_measured):
     assert doc["claim_ok"] is True and len(doc["trajectory"]) == 3
 
 
-def test_no_record_at_all_is_a_usage_error(tmp_path):
-    repo = make_toy_repo(tmp_path / "toy")
-    assert flaloop(repo, "init", OP, "--shapes", "B2_T64_H2_D16").code == 0
-    r = flaloop(repo, "report", OP, "--json")
-    assert r.code == 2 and "no bench record" in r.json["error"]
+def test_no_record_or_no_contract_is_a_usage_error(toy_measured):
+    repo, _ = toy_measured
+    shutil.rmtree(ws(repo) / "runs")
+    with pytest.raises(UsageError, match="no bench record"):
+        build(repo)
     shutil.rmtree(ws(repo))
-    r = flaloop(repo, "report", OP, "--json")
-    assert r.code == 2 and "flaloop init" in r.json["hint"]
+    with pytest.raises(UsageError) as exc:
+        build(repo)
+    assert "flaloop init" in exc.value.hint
 
 
 def test_commit_states_recognise_a_committed_dirty_tree(tmp_path):

@@ -65,7 +65,7 @@ def resolve(op: str | None, extra: list[str], flags: FlaVerifyFlags, k_expr: str
     """
     if flags.kind != "op":
         raise UsageError(f"--kind {flags.kind!r}: only 'op' is implemented (FLA reserves 'layer' too)")
-    if flags.list_only:
+    if flags.list_ops:
         return VerifyCall(None, None, None, list_only=True)
     tokens = ([op] if op is not None else []) + list(extra)
     name = flags.op_flag
