@@ -62,7 +62,7 @@ def times_plot(doc: dict, path: Path) -> Path | None:
     ax.set_xscale("log")
     ax.set_xlabel("ms per call (median)")
     ax.set_title(f"{doc['op']}: device time vs eager latency")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -78,6 +78,8 @@ def trajectory_plot(doc: dict, path: Path) -> Path | None:
     best, best_x, best_y = 1.0, [], []
     for t in rows:
         x = t["iter"]
+        if t["status"] == "baseline" and not t["speedup"]:
+            ax.plot([x], [1.0], "o", color=STATUS_COLORS["baseline"])  # the base itself
         if t["speedup"]:
             c = STATUS_COLORS.get(t["status"], "#57606a")
             ax.errorbar([x], [t["speedup"]], yerr=[[t["speedup"] - t["ci_low"]], [t["ci_high"] - t["speedup"]]],
@@ -94,6 +96,9 @@ def trajectory_plot(doc: dict, path: Path) -> Path | None:
     for status, c in STATUS_COLORS.items():
         if any(t["status"] == status for t in rows):
             ax.plot([], [], "o", color=c, label=status)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel("geomean speedup vs base (95% CI)")
     ax.set_title(f"{doc['op']}: optimization trajectory")

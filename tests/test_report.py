@@ -14,6 +14,8 @@ from flaloop import git as git_mod
 from flaloop import report as report_mod
 from flaloop.errors import UsageError
 from flaloop.guard.findings import Finding
+from flaloop.report_plots import write_plots
+from flaloop.report_render import render
 from flaloop.target import Target
 
 OP = "toy_attn"
@@ -31,6 +33,13 @@ def measured(tmp_path_factory) -> tuple[Path, Path]:
     assert r.code == 0, r.stderr
     r = flaloop(repo, "bench", OP, *FAST_BENCH, "--json", env={"XDG_CACHE_HOME": str(cache)})
     assert r.code == 0, r.stderr
+    return repo, cache
+
+
+@pytest.fixture(scope="module")
+def profiled(measured) -> tuple[Path, Path]:
+    """The same toy with a profile of its working tree (and the device ceilings cached)."""
+    repo, cache = measured
     r = flaloop(repo, "profile", OP, "--mode", "fwdbwd", "--ncu", "--json", env={"XDG_CACHE_HOME": str(cache)})
     assert r.code == 0, r.stdout + r.stderr
     return repo, cache
@@ -66,8 +75,8 @@ def build(repo: Path) -> dict:
 
 # -- the profiler ---------------------------------------------------------------------------------
 
-def test_profile_records_both_sides_on_cpu_and_says_ncu_needs_a_gpu(measured):
-    repo, cache = measured
+def test_profile_records_both_sides_on_cpu_and_says_ncu_needs_a_gpu(profiled):
+    repo, cache = profiled
     doc = json.loads(next((ws(repo) / "trace").glob("*/profile.json")).read_text())
     assert doc["kind"] == "profile" and doc["cell"]["id"] == "B2_T64_H2_D16/fwdbwd"
     assert doc["kernels_are"].startswith("CPU ops")
@@ -88,8 +97,8 @@ def test_profile_records_both_sides_on_cpu_and_says_ncu_needs_a_gpu(measured):
 
 # -- the report -----------------------------------------------------------------------------------
 
-def test_report_from_a_real_bench_has_every_field_and_plots(measured, tmp_path):
-    repo, cache = measured
+def test_report_from_a_real_bench_has_every_field_and_plots(profiled, tmp_path):
+    repo, cache = profiled
     out = tmp_path / "rep"
     r = flaloop(repo, "report", OP, "--json", "--out", str(out), env={"XDG_CACHE_HOME": str(cache)})
     assert r.code == 0, r.stdout + r.stderr
@@ -255,17 +264,17 @@ def test_with_a_loop_the_claim_is_the_best_kept_iteration_benched_dirty_then_com
                _iteration(2, "keep", kept, 1.25, str(new_dir / "record.json"))):
         (iters / f"{it['iter']:04d}.json").write_text(json.dumps(it))
     # the gate of iteration 2 was taken of the same tree state; last.json is older (of the base)
-    out = tmp_path / "rep"
-    r = flaloop(repo, "report", OP, "--json", "--out", str(out), env={"XDG_CACHE_HOME": str(cache)})
-    assert r.code == 0, r.stdout + r.stderr
-    doc = r.json
+    doc = build(repo)
+    assert doc["claim_ok"] is True, doc["refused"]
     assert doc["claim"]["source"] == "loop" and doc["claim"]["iteration"] == 2 and doc["claim"]["commit"] == kept
     assert doc["records"]["claim"] == str(new_dir / "record.json")
     assert doc["test_plan"]["gate"]["source"] == "iteration 2"
     assert [t["status"] for t in doc["trajectory"]] == ["baseline", "revert", "keep"]
     assert doc["conclusion"]["kind"] == "improvement"
-    assert "trajectory" in doc["files"]["plots"] and Path(doc["files"]["plots"]["trajectory"]).stat().st_size > 1000
-    assert "## Trajectory (OPT_LOG)" in (out / "REPORT.md").read_text()
+    plots = write_plots(doc, tmp_path / "rep")
+    assert set(plots) == {"speedup", "times", "trajectory"} and Path(plots["trajectory"]).stat().st_size > 1000
+    md = render(doc, plots)
+    assert "## Trajectory (OPT_LOG)" in md and "| 2 | keep | direction 2 | 1.2500x" in md
 
 
 def test_a_loop_without_a_kept_iteration_is_a_no_go(toy_measured):
