@@ -131,7 +131,7 @@ def _benchmark(doc: dict) -> list[str]:
     roof = doc["roofline"]
     if roof["family"]:
         c = roof["ceilings"]
-        ceil = (f"{c['bandwidth_gbs']:.0f} GB/s copy, {c['peak_tflops']:.1f} TFLOP/s {c['gemm_dtype']} GEMM "
+        ceil = (f"{c['bandwidth_gbs']:.4g} GB/s copy, {c['peak_tflops']:.4g} TFLOP/s {c['gemm_dtype']} GEMM "
                 f"(measured {c.get('measured') or '?'})") if c else "no ceilings cached for this device"
         out.append(f"Roofline: {roof['title']} model (docs/ROOFLINE.md); ceilings {ceil}.")
     else:
@@ -199,8 +199,9 @@ def _profile(doc: dict) -> list[str]:
     out = [f"One step of `{cell}` under torch.profiler ({p.get('kernels_are')}), base and candidate "
            f"(`{p.get('_path')}`):", ""]
     sides = {s: p.get(s) or {} for s in ("base", "cand")}
+    what = "GPU kernel" if p.get("device") == "cuda" else "CPU op (self)"
     out += _table(["", "base", "cand"], [
-        ["device time of the step (ms)", _f(sides["base"].get("device_total_ms")), _f(sides["cand"].get("device_total_ms"))],
+        [f"{what} time of the step (ms)", _f(sides["base"].get("device_total_ms")), _f(sides["cand"].get("device_total_ms"))],
         ["host wall time of the step (ms)", _f(sides["base"].get("step_wall_ms")), _f(sides["cand"].get("step_wall_ms"))],
         ["device busy, share of host time", _pct(_share(sides["base"])), _pct(_share(sides["cand"]))],
         ["kernel launches", sides["base"].get("n_launches", "-"), sides["cand"].get("n_launches", "-")],
@@ -214,6 +215,7 @@ def _profile(doc: dict) -> list[str]:
     rows = [[f"`{n[:70]}`", _f((by["base"].get(n) or {}).get("total_ms")), (by["base"].get(n) or {}).get("launches", "-"),
              _f((by["cand"].get(n) or {}).get("total_ms")), (by["cand"].get(n) or {}).get("launches", "-")] for n in names]
     out += _table(["kernel", "base ms", "base launches", "cand ms", "cand launches"], rows) + [""]
+    out += _reading(p, by) + [""]
     ncu = p.get("ncu") or {}
     if ncu.get("available"):
         summ = ncu.get("summary") or {}
@@ -223,6 +225,27 @@ def _profile(doc: dict) -> list[str]:
                                                     _f((summ.get("cand") or {}).get(k), ".1f")] for k in keys])
     else:
         out.append(f"Nsight Compute: {ncu.get('reason') or 'not run (`flaloop profile OP --ncu`)'}.")
+    return out
+
+
+def _reading(p: dict, by: dict) -> list[str]:
+    """What changed between the sides: the step's totals and the kernels that moved most."""
+    b, c = p.get("base") or {}, p.get("cand") or {}
+    out = []
+    if b.get("device_total_ms") and c.get("device_total_ms"):
+        out.append(f"Reading: the step's {'kernel' if p.get('device') == 'cuda' else 'op'} time went from "
+                   f"{b['device_total_ms']:.4f} to {c['device_total_ms']:.4f} ms "
+                   f"({b['device_total_ms'] / c['device_total_ms']:.3f}x) and its launches from "
+                   f"{b.get('n_launches')} to {c.get('n_launches')}.")
+    deltas = sorted(((by["cand"].get(n, {}).get("total_ms", 0.0) - by["base"].get(n, {}).get("total_ms", 0.0), n)
+                     for n in set(by["base"]) | set(by["cand"])), key=lambda d: -abs(d[0]))[:3]
+    moved = [f"`{n[:60]}` {d:+.4f} ms" for d, n in deltas if abs(d) > 0]
+    if moved:
+        out.append("Largest changes: " + ", ".join(moved) + ".")
+    roof = p.get("roofline") or {}
+    if roof.get("floor_ms"):
+        out.append(f"Roofline of this cell ({roof['family']}): floor {roof['floor_ms']:.4f} ms, {roof['bound']}-bound; "
+                   f"base at {_pct(roof.get('pct_of_floor_base'))}, candidate at {_pct(roof.get('pct_of_floor_cand'))}.")
     return out
 
 
