@@ -189,6 +189,8 @@ def gate_evidence(record: dict, claim: Claim, last_gate: dict | None) -> tuple[d
     found: list[tuple[str, dict]] = []
     if record.get("gate"):
         found.append(("bench record (flaloop verify)", record["gate"]))
+    if record.get("last_gate"):  # the gate of this exact tree state that `flaloop bench` found
+        found.append(("bench record (last gate of this tree state)", record["last_gate"]))
     it = claim.iteration
     if it and it.get("gate") and any(same_state(state, s) for s in claim.states):
         found.append((f"iteration {it.get('iter')}", it["gate"]))
