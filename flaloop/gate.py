@@ -497,3 +497,12 @@ def _write_json(path: Path, doc: dict) -> None:
 def last_result(target: Target, op: str) -> dict | None:
     p = target.workspace(op) / "gate" / "last.json"
     return json.loads(p.read_text()) if p.exists() else None
+
+
+def last_gate_for(target: Target, op: str, tree: dict) -> dict | None:
+    """The recorded gate result, when it was taken of exactly this tree state (HEAD + diff)."""
+    last = last_result(target, op)
+    if not last or {k: last["tree"].get(k) for k in ("head", "dirty", "diff_hash")} != \
+            {k: tree.get(k) for k in ("head", "dirty", "diff_hash")}:
+        return None
+    return {k: last.get(k) for k in ("green", "signal_only", "started", "counts", "k_expr", "reused_from")}

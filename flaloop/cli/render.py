@@ -37,6 +37,14 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
         console.print(f"  log: {r.log_path}")
 
 
+def _fmt_floor(roof: dict | None) -> str:
+    """The candidate's share of the roofline floor (100% = as fast as the device can go)."""
+    pct = (roof or {}).get("pct_of_floor_cand")
+    if pct is None:
+        return "-"
+    return f"{pct:.0f}%" + (" (>100%!)" if roof.get("above_100") else "")
+
+
 def _fmt_ms(summary: dict | None) -> str:
     return "-" if not summary else f"{summary['median']:.4f}"
 
@@ -63,7 +71,7 @@ def print_bench(record: dict, console: Console) -> None:
                       "(`flaloop verify` runs the gate first)[/]", markup=True)
     table = Table(title=f"{record['op']}: candidate vs base (device time per call, ms)")
     for col in ("shape", "mode", "timer", "base", "cand", "speedup", "95% CI", "verdict", "pairs", "eager base",
-                "eager cand", "note"):
+                "eager cand", "% floor", "note"):
         table.add_column(col)
     for cell in record["cells"]:
         c, est, summ = cell["cell"], cell.get("estimate"), cell.get("summary") or {}
@@ -83,7 +91,7 @@ def print_bench(record: dict, console: Console) -> None:
             f"{est['speedup']:.4f}x" if est else "-",
             f"[{est['ci_low']:.4f}, {est['ci_high']:.4f}]" if est else "-",
             cell.get("verdict") or "-", f"{len(cell['pairs']) - cell['dropped_pairs']}/{len(cell['pairs'])}",
-            _fmt_ms(eager.get("base")), _fmt_ms(eager.get("cand")), note)
+            _fmt_ms(eager.get("base")), _fmt_ms(eager.get("cand")), _fmt_floor(cell.get("roofline")), note)
     console.print(table)
     s = record.get("summary") or {}
     g = s.get("geomean")
