@@ -151,3 +151,30 @@ def worktree(root: Path, commit: str, name: str = "base") -> Iterator[Path]:
 def list_worktrees(root: Path) -> list[str]:
     out = _git(root, "worktree", "list", "--porcelain").stdout
     return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")]
+
+
+def changed_since(root: Path, commit: str) -> list[tuple[str, str]]:
+    """(status letter, path) of every tracked file whose working-tree content differs from `commit`.
+
+    Staged and unstaged edits alike; renames show as a deletion and an addition. Untracked files
+    are not included (see `untracked`).
+    """
+    out = _git(root, "diff", "--name-status", "--no-renames", "-z", commit, "--").stdout
+    parts = [p for p in out.split("\0") if p]
+    return [(parts[i][0], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+
+
+def untracked(root: Path, under: str | None = None, ignored: bool = False) -> list[str]:
+    """Files git does not track: those it would show (default), or those it ignores (`ignored`)."""
+    args = ["ls-files", "--others", "--exclude-standard", "-z"]
+    if ignored:
+        args.append("--ignored")
+    if under:
+        args += ["--", under]
+    return [p for p in _git(root, *args).stdout.split("\0") if p]
+
+
+def files_at(root: Path, commit: str, under: str) -> list[str]:
+    """Paths of the files under `under` at `commit`."""
+    proc = _git(root, "ls-tree", "-r", "--name-only", "-z", commit, "--", under, check=False)
+    return [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else []
