@@ -111,7 +111,7 @@ def _shape_derived(src: Source) -> set[str]:
     """Names assigned from shapes anywhere in the file (`B, T, H, K = q.shape`, `T = q.size(1)`)."""
     out: set[str] = set()
     for node in src.walk():
-        if isinstance(node, ast.Assign) and _mentions_shape(src, node.value, frozenset()):
+        if isinstance(node, ast.Assign) and _mentions_shape(src, node.value, frozenset(), direct=True):
             for t in node.targets:
                 for n in ast.walk(t):
                     if isinstance(n, ast.Name):
@@ -119,13 +119,15 @@ def _shape_derived(src: Source) -> set[str]:
     return out
 
 
-def _mentions_shape(src: Source, node: ast.AST, names: frozenset[str] | set[str]) -> bool:
+def _mentions_shape(src: Source, node: ast.AST, names: frozenset[str] | set[str], direct: bool = False) -> bool:
+    """Whether `node` reads a shape: `.shape`, `.size()`, `len()`, `.numel()`, or (unless `direct`) a name
+    that holds one (B, T, seq_len, or one assigned from a shape in this file)."""
     for n in ast.walk(node):
         if isinstance(n, ast.Attribute) and n.attr == "shape":
             return True
         if isinstance(n, ast.Call) and (method_name(n.func) in ("size", "numel") or src.call_name(n) == "len"):
             return True
-        if isinstance(n, ast.Name) and (n.id in SHAPE_NAMES or n.id in names or SHAPE_RE.search(n.id)):
+        if not direct and isinstance(n, ast.Name) and (n.id in SHAPE_NAMES or n.id in names or SHAPE_RE.search(n.id)):
             return True
     return False
 
