@@ -24,12 +24,16 @@ from flaloop.target import Target
 
 
 def print_findings(findings: list[Finding], console: Console, title: str = "guard findings") -> None:
-    """One row per finding: rule, severity, where, what was seen, why it matters, what to do."""
+    """One row per finding: rule, severity, where, what was seen, why it matters, what to do.
+
+    A rule's why and fix are written out on its first row only; later rows of the same rule say so.
+    """
     if not findings:
         return
     table = Table(title=title, show_lines=True)
     for col, ratio in (("rule", 1), ("severity", 1), ("where", 2), ("message", 4), ("why", 4), ("fix", 3)):
         table.add_column(col, overflow="fold", ratio=ratio)
+    explained: set[str] = set()
     for f in findings:
         if f.allowed is not None:
             sev = Text(f"allowed: {f.allowed}", style="cyan")
@@ -37,7 +41,10 @@ def print_findings(findings: list[Finding], console: Console, title: str = "guar
             sev = Text("BLOCK", style="bold red")
         else:
             sev = Text(f.severity, style="yellow")
-        table.add_row(f.rule, sev, f.where or "-", f.message, f.why, f.fix)
+        seen = f.rule in explained
+        explained.add(f.rule)
+        table.add_row(f.rule, sev, f.where or "-", f.message, "(as above)" if seen else f.why,
+                      "(as above)" if seen else f.fix)
     console.print(table)
 
 
@@ -52,7 +59,7 @@ def print_audit(op: str, r: AuditResult, console: Console) -> None:
     if r.frozen:
         console.print(Text(f"frozen files changed (the gate is red on these): {', '.join(r.frozen)}", style="red"))
     if r.not_loaded:
-        console.print(f"not judged (neither the op, the gate nor the bench imports them): {', '.join(r.not_loaded)}")
+        console.print(f"not read as code (neither the op nor the bench imports them): {', '.join(r.not_loaded)}")
     if r.blocked:
         console.print(Text("BLOCKED: no FASTER verdict while a blocking finding stands", style="bold red"))
     else:

@@ -50,6 +50,8 @@ class Source:
         # scope node -> {name: dotted name it stands for, or None when it is a plain local}
         self.bindings: dict[ast.AST, dict[str, str | None]] = {}
         self.int_constants: dict[str, int] = {}  # module-level NAME = <int literal>
+        # module-level NAME = "lit" / tl.constexpr("lit"), every binding (if/else branches included)
+        self.str_constants: dict[str, list[tuple[ast.AST, str]]] = {}
         self._bind()
 
     # -- structure ----------------------------------------------------------------------------
@@ -228,12 +230,18 @@ class Source:
                             if dotted and dotted != tgt.id:
                                 b = self.bindings[self.tree if tgt.id in globals_.get(scope, ()) else scope]
                                 b[tgt.id] = dotted
-        for stmt in self.tree.body:
-            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) \
-                    and type(stmt.value.value) is int:
-                for t in stmt.targets:
-                    if isinstance(t, ast.Name):
-                        self.int_constants[t.id] = stmt.value.value
+        for top in self.tree.body:
+            for stmt in _top_level(top):
+                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+                    continue
+                name, value = stmt.targets[0].id, stmt.value
+                if isinstance(value, ast.Call) and len(value.args) == 1 and \
+                        (self.qualify(value.func, self.tree) or "").endswith("constexpr"):
+                    value = value.args[0]
+                if isinstance(value, ast.Constant) and type(value.value) is int and stmt in self.tree.body:
+                    self.int_constants[name] = value.value
+                elif isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    self.str_constants.setdefault(name, []).append((stmt, value.value))
 
     def resolve_from(self, node: ast.ImportFrom) -> str | None:
         """The absolute module of `from X import ...`, relative levels resolved against this file."""

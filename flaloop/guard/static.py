@@ -4,16 +4,16 @@ For every changed file (flaloop.guard.audit finds them) this module decides what
 to the op, runs the rules of guard/rules/ on the base and on the candidate version, and keeps
 the hits the candidate adds:
 
-- *op code*: files of the op's package and any repo file the op imports. All rules run.
-- *bench code*: the registry and what it imports (the bench worker imports them in the
-  candidate's process). Rules about the process (patches, environment, threads...) run.
+- *op code*: files of the op's package and any repo module the package imports. All rules run.
+- *bench code*: the registry and the repo modules it imports (the bench worker imports them in
+  the candidate's process). The rules about the process (patches, environment, threads...) run.
 - anything else (a new script, a doc) is not loaded by the gate or the bench: listed, not judged.
 - frozen files are the gate's business (any edit turns it red): listed, not judged twice.
 
 "Adds" is counted per file and per function: a hit key (e.g. `cast:torch.bfloat16`) fires when
 the candidate has more of it than the base in the file, or in a function both versions define;
 the occurrences reported are those on added or changed lines. So code the base already had
-never fires, and moving it around within a new function neither.
+never fires, and neither does moving it into a new function.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from flaloop.guard.findings import Finding
 from flaloop.guard.rules import FileContext, Hit, run_checks
 from flaloop.guard.rules.delegation import has_triton_kernels
 from flaloop.guard.rules.files import file_findings
-from flaloop.guard.source import Source, changed_lines
+from flaloop.guard.source import Source, changed_lines, module_name
 
 REFERENCE_REASONS = ("imported by the test", "naive reference", "gate test file", "pytest conftest")
 TENSOR_NAMES = frozenset({"x", "t", "q", "k", "v", "o", "g", "w", "u", "beta", "do", "dq", "dk", "dv", "h0", "ht",
@@ -52,7 +52,7 @@ class StaticResult:
 
 
 class Resolver:
-    """Repo-local modules of the candidate tree: which file a module or name comes from, import closures."""
+    """Repo-local modules of the candidate tree: which file defines a module or a name, and who imports it."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -98,33 +98,17 @@ class Resolver:
                         return self.file_of(a.name) or f
         return f
 
-    def closure(self, start: str) -> set[str]:
-        """Repo files that importing `start` runs: its imports, transitively, and their packages' __init__s."""
-        seen: set[str] = set()
-        todo = [start, *self._ancestors(PurePosixPath(start))]
-        while todo:
-            rel = todo.pop()
-            if rel in seen:
+    def imported_by(self, module: str, files: list[str]) -> bool:
+        """Whether any of `files` imports `module` (a text scan: cheap over a whole package, and it
+        over-approximates, which is the safe side for deciding what runs)."""
+        pattern = re.compile(rf"^\s*(from\s+{re.escape(module)}[\s.]|import\s[^#\n]*\b{re.escape(module)}\b)", re.M)
+        for rel in files:
+            try:
+                if pattern.search((self.root / rel).read_text(errors="replace")):
+                    return True
+            except OSError:
                 continue
-            seen.add(rel)
-            src = self.source(rel)
-            if src is None or src.tree is None:
-                continue
-            for _node, mod, name in src.imported_modules():
-                parts = mod.split(".")
-                for i in range(1, len(parts) + 1):
-                    if (f := self.file_of(".".join(parts[:i]))) and f not in seen:
-                        todo.append(f)
-                if (f := self.resolve(mod, name)) and f not in seen:
-                    todo.append(f)
-        return seen
-
-    def _ancestors(self, p: PurePosixPath) -> list[str]:
-        out = []
-        for parent in list(p.parents)[:-1]:
-            if (self.root / parent / "__init__.py").is_file():
-                out.append(str(parent / "__init__.py"))
-        return out
+        return False
 
 
 def shape_literals(root: Path, base_commit: str, test_file: str, registry: str | None,
@@ -186,15 +170,13 @@ class _Scope:
     base_commit: str
     package: str
     op_dir: str
-    entry: str
     registry: str | None
     frozen: dict[str, str]
     shape_literals: frozenset[int]
     tensor_names: frozenset[str]
     resolver: Resolver
     _op_triton: bool | None = None
-    _entry_closure: set[str] | None = None
-    _registry_closure: set[str] | None = None
+    _package_files: list[str] | None = None
 
     def op_had_triton(self) -> bool:
         """Whether the op's directory had Triton kernels at the base."""
@@ -207,15 +189,23 @@ class _Scope:
                         break
         return self._op_triton
 
-    def entry_closure(self) -> set[str]:
-        if self._entry_closure is None:
-            self._entry_closure = self.resolver.closure(self.entry)
-        return self._entry_closure
+    def role(self, path: str) -> str | None:
+        """"op" for code the op runs, "bench" for code only the bench worker imports, None for neither.
 
-    def registry_closure(self) -> set[str]:
-        if self._registry_closure is None:
-            self._registry_closure = self.resolver.closure(self.registry) if self.registry else set()
-        return self._registry_closure
+        Every file of the target package counts as the op's (FLA's package __init__ imports all of
+        it); a repo module outside the package counts when the package (or the registry) imports it.
+        """
+        if self.in_package(path):
+            return "op"
+        mod = module_name(path)
+        if self._package_files is None:
+            pkg = self.root / self.package
+            self._package_files = [str(p.relative_to(self.root)) for p in pkg.rglob("*.py")] if pkg.is_dir() else []
+        if self.resolver.imported_by(mod, self._package_files):
+            return "op"
+        if self.registry and (path == self.registry or self.resolver.imported_by(mod, [self.registry])):
+            return "bench"
+        return None
 
     def in_package(self, path: str) -> bool:
         return path.startswith(self.package + "/")
@@ -240,7 +230,8 @@ def run_static(root: Path, base_commit: str, contract, changes: list[Change],
     params = {p["name"] for p in contract.parameters if p.get("default") in (None, "None")}
     op_dir = str(PurePosixPath(contract.entry_file).parent)
     scope = _Scope(root=root, base_commit=base_commit, package=contract.import_path.split(".")[0],
-                   op_dir="" if op_dir == "." else op_dir, entry=contract.entry_file, registry=registry, frozen={f.path: f.reason for f in contract.frozen},
+                   op_dir="" if op_dir == "." else op_dir, registry=registry,
+                   frozen={f.path: f.reason for f in contract.frozen},
                    shape_literals=shape_literals(root, base_commit, contract.test_file, registry, contract.shapes),
                    tensor_names=TENSOR_NAMES | params, resolver=Resolver(root))
     for ch in sorted(changes, key=lambda c: c.path):
@@ -260,17 +251,16 @@ def run_static(root: Path, base_commit: str, contract, changes: list[Change],
                                          lambda rel: (root / rel).is_file(), frozen)
         if frozen or not ch.path.endswith(".py") or cand_text is None:
             continue
-        in_pkg = scope.in_package(ch.path)
-        op_code = in_pkg or ch.path in scope.entry_closure()
-        bench = not op_code and scope.registry is not None and ch.path in scope.registry_closure()
-        if not (op_code or bench):
+        role = scope.role(ch.path)
+        if role is None:
             result.not_loaded.append(ch.path)
             continue
         result.analysed.append(ch.path)
-        if not scope.in_op_dir(ch.path) and (ch.path in scope.entry_closure() or bench):
-            who = "the op imports" if ch.path in scope.entry_closure() else "the bench's registry imports"
-            result.findings.append(finding("outside-op", f"{who} {ch.path}, which this diff changes outside the "
-                                                         f"op's directory {scope.op_dir}/", file=ch.path))
+        if not scope.in_op_dir(ch.path):
+            who = "the op" if role == "op" else "the bench's registry"
+            result.findings.append(finding("outside-op", f"{ch.path} changes outside the op's directory "
+                                                         f"{scope.op_dir}/, and {who} runs it", file=ch.path))
+        op_code = role == "op"
         result.findings += analyse_file(ch.path, base_text, cand_text, scope, op_code)
     result.findings = _dedupe(result.findings)
     return result

@@ -32,6 +32,7 @@ def _relaxing(value: ast.AST | None) -> bool:
 
 def check_tf32(src: Source, ctx: FileContext) -> Iterator[Hit]:
     rule = "numeric-tf32"
+    used: set[str] = set()  # module constants passed as a dot's input_precision
     for node, dotted, value in attribute_writes(src):
         if not dotted:
             continue
@@ -57,13 +58,23 @@ def check_tf32(src: Source, ctx: FileContext) -> Iterator[Hit]:
             if len(node.args) >= 5:
                 kw.setdefault("allow_tf32", node.args[4])
         if "input_precision" in kw and _relaxing(kw["input_precision"]):
-            lit = const_str(kw["input_precision"])
-            yield Hit(rule, f"dot:input_precision={lit or '?'}", node,
-                      f"`{src.snippet(node)}`: input_precision {lit!r}" if lit else
-                      f"`{src.snippet(node)}`: input_precision not a literal (cannot tell it is 'ieee')",
-                      severity=None if lit else "warn")
+            arg = kw["input_precision"]
+            lit = const_str(arg)
+            named = src.str_constants.get(arg.id, []) if isinstance(arg, ast.Name) else []
+            if lit:
+                yield Hit(rule, f"dot:input_precision={lit}", node, f"`{src.snippet(node)}`: input_precision {lit!r}")
+            elif named:
+                used.add(arg.id)  # judged where the constant is set, below
+            else:
+                yield Hit(rule, "dot:input_precision=?", node, f"`{src.snippet(node)}`: input_precision is not a "
+                          "literal (cannot tell it is 'ieee')", severity="warn")
         if "allow_tf32" in kw and _relaxing(kw["allow_tf32"]):
             yield Hit(rule, "dot:allow_tf32", node, f"`{src.snippet(node)}`: allow_tf32")
+    for name in sorted(used):
+        for stmt, value in src.str_constants[name]:
+            if _relaxing(ast.Constant(value)):
+                yield Hit(rule, f"precision-const:{name}={value}", stmt,
+                          f"`{src.snippet(stmt)}`: tl.dot calls take input_precision {value!r} from {name}")
 
 
 def narrow_dtype(src: Source, node: ast.AST | None) -> str | None:

@@ -13,19 +13,25 @@ from flaloop.guard.source import Source, const_str
 
 IDENTITY = frozenset({"data_ptr", "untyped_storage", "storage", "_cdata", "__cuda_array_interface__",
                       "__array_interface__", "unsafe_ptr"})
-MEMO = ("functools.lru_cache", "functools.cache", "functools.cached_property", "cachetools.")
+MEMO_NAMES = frozenset({"lru_cache", "cache", "cached_property", "tensor_cache", "memoize", "memoized", "cached"})
 FACTORIES = frozenset({"empty", "zeros", "ones", "full", "rand", "randn", "randint", "tensor", "as_tensor",
                        "arange", "linspace", "eye", "empty_like", "zeros_like", "ones_like", "full_like",
                        "empty_strided", "from_numpy"})
 GRAPHS = ("torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.graphs", "torch.cuda.make_graphed_callables",
           "torch.cuda.graph_pool_handle")
 SHAPE_NAMES = frozenset({"B", "T", "H", "K", "V", "D", "N", "L", "S", "HV"})
-SHAPE_RE = re.compile(r"(?i)(^|_)(seq_?lens?|seqlens?|max_?len|len|length|batch|n?heads?|head_?dim|dim|"
+SHAPE_RE = re.compile(r"(?i)(^|_)(seq_?lens?|seqlens?|max_?len|len|length|batch|n?heads?|head_?dim|"
                       r"tokens|num_tokens|numel|shape)(_|$)")
+TENSOR_LIKE = frozenset({"q", "k", "v", "x", "cu_seqlens", "offsets", "indices"})
 EXACT_OPS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
 
 
 # -- cache-memo -----------------------------------------------------------------------------------
+
+def _memo(dotted: str) -> bool:
+    """functools.lru_cache / cache, cachetools, FLA's tensor_cache...: a memoising decorator."""
+    return dotted.rsplit(".", 1)[-1] in MEMO_NAMES or dotted.startswith("cachetools.")
+
 
 def _takes_tensors(fn: ast.FunctionDef | ast.AsyncFunctionDef, ctx: FileContext) -> bool:
     a = fn.args
@@ -62,10 +68,10 @@ def check_cache(src: Source, ctx: FileContext) -> Iterator[Hit]:
                 yield Hit(rule, f"identity:{m}", node, f"`{src.snippet(node)}`: tensor identity as a key")
             elif fn in ("id", "builtins.id"):
                 yield Hit(rule, "identity:id", node, f"`{src.snippet(node)}`: object identity as a key")
-            elif fn.startswith(MEMO) and node.args and isinstance(node.args[0], ast.Name) \
+            elif _memo(fn) and node.args and isinstance(node.args[0], ast.Name) \
                     and node.args[0].id in defs and _takes_tensors(defs[node.args[0].id], ctx):
                 yield Hit(rule, f"memo:{node.args[0].id}", node, f"`{src.snippet(node)}` memoises a function of tensors")
-            elif isinstance(node.func, ast.Call) and (src.call_name(node.func) or "").startswith(MEMO) \
+            elif isinstance(node.func, ast.Call) and _memo(src.call_name(node.func) or "") \
                     and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in defs \
                     and _takes_tensors(defs[node.args[0].id], ctx):
                 yield Hit(rule, f"memo:{node.args[0].id}", node, f"`{src.snippet(node)}` memoises a function of tensors")
@@ -85,7 +91,7 @@ def check_cache(src: Source, ctx: FileContext) -> Iterator[Hit]:
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in node.decorator_list:
                 dotted = src.qualify(d.func if isinstance(d, ast.Call) else d) or ""
-                if dotted.startswith(MEMO) and _takes_tensors(node, ctx):
+                if dotted and _memo(dotted) and _takes_tensors(node, ctx):
                     yield Hit(rule, f"memo:{node.name}", d, f"@{src.snippet(d)} on {node.name}(), which takes tensors")
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             kind = "global" if isinstance(node, ast.Global) else "nonlocal"
@@ -120,15 +126,26 @@ def _shape_derived(src: Source) -> set[str]:
 
 
 def _mentions_shape(src: Source, node: ast.AST, names: frozenset[str] | set[str], direct: bool = False) -> bool:
-    """Whether `node` reads a shape: `.shape`, `.size()`, `len()`, `.numel()`, or (unless `direct`) a name
-    that holds one (B, T, seq_len, or one assigned from a shape in this file)."""
-    for n in ast.walk(node):
-        if isinstance(n, ast.Attribute) and n.attr == "shape":
+    """Whether `node` reads a size: `.shape`, `.size()`, `.numel()`, `len(q)`, or (unless `direct`) a name
+    that holds one (B, T, seq_len, or one assigned from a shape in this file). Ranks (`len(x.shape)`,
+    `x.ndim`, `x.dim()`) are not sizes."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Call) and src.call_name(n) == "len" and n.args:
+            arg = n.args[0]
+            if isinstance(arg, ast.Attribute) and arg.attr == "shape":
+                continue  # a rank
+            last = arg.attr if isinstance(arg, ast.Attribute) else arg.id if isinstance(arg, ast.Name) else ""
+            if last in TENSOR_LIKE or SHAPE_RE.search(last):
+                return True
+        elif isinstance(n, ast.Attribute) and n.attr == "shape":
             return True
-        if isinstance(n, ast.Call) and (method_name(n.func) in ("size", "numel") or src.call_name(n) == "len"):
+        elif isinstance(n, ast.Call) and method_name(n.func) in ("size", "numel"):
             return True
-        if not direct and isinstance(n, ast.Name) and (n.id in SHAPE_NAMES or n.id in names or SHAPE_RE.search(n.id)):
+        elif not direct and isinstance(n, ast.Name) and (n.id in SHAPE_NAMES or n.id in names or SHAPE_RE.search(n.id)):
             return True
+        todo.extend(ast.iter_child_nodes(n))
     return False
 
 
