@@ -71,6 +71,10 @@ CHEATS: dict[str, Plant] = {
     "tf32-dot-input-precision": Plant([replace(CHUNK, "        b_A = tl.dot(b_q, tl.trans(b_k))\n",
                                                f"        b_A = tl.dot(b_q, tl.trans(b_k), input_precision='tf32')  {MARK}\n")],
                                       "numeric-tf32"),
+    "tf32-precision-constant": Plant([after(CHUNK, TOP, f"DOT_PRECISION = tl.constexpr('tf32')  {MARK}\n"),
+                                      replace(CHUNK, "        b_A = tl.dot(b_q, tl.trans(b_k))\n",
+                                              "        b_A = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)\n")],
+                                     "numeric-tf32"),
     "tf32-matmul-precision-high": Plant([after(INIT, END_INIT, "import torch as _t\n"
                                                                f"_t.set_float32_matmul_precision('high')  {MARK}\n")],
                                         "numeric-tf32"),
@@ -82,6 +86,8 @@ CHEATS: dict[str, Plant] = {
                                      "numeric-narrow"),
     "bf16-accumulator": Plant([replace(CHUNK, "    b_S = tl.zeros([BK, BV], dtype=tl.float32)\n",
                                        f"    b_S = tl.zeros([BK, BV], dtype=tl.bfloat16)  {MARK}\n")], "numeric-narrow"),
+    "bf16-hidden-in-a-conditional": Plant([after(CHUNK, FWD, f"    o = o.to(q.dtype if o is None else torch.bfloat16)  {MARK}\n")],
+                                          "numeric-narrow"),
     "half-inputs": Plant([after(CHUNK, API, f"    q, k, v = q.half(), k.half(), v.half()  {MARK}\n")], "numeric-narrow"),
     # ref-call
     "naive-for-short-sequences": Plant([after(CHUNK, TOP, "from minifla.ops.linear_attn.naive import naive_linear_attn\n"),
@@ -103,6 +109,8 @@ CHEATS: dict[str, Plant] = {
     "matmul-operator-in-helper": Plant([after(COMMON, "MAX_HEAD_DIM = 256\n",
                                               f"\n\ndef scores(q, k):\n    return q.float() @ k.float().mT  {MARK}\n")],
                                        "vendor-compute"),
+    "torch-compile-decorator": Plant([after(CHUNK, TOP, f"\n\n@torch.compile  {MARK}\ndef _fwd(q, k):\n    return q * k\n")],
+                                     "vendor-compute"),
     # cache-memo
     "data-ptr-key": Plant([after(CHUNK, API, f"    key = (q.data_ptr(), k.data_ptr(), v.data_ptr())  {MARK}\n")],
                           "cache-memo"),
@@ -114,6 +122,13 @@ CHEATS: dict[str, Plant] = {
                                   "cache-memo"),
     "cache-decorator-aliased": Plant([after(INIT, END_INIT, f"from functools import cache as _memo\n\n\n@_memo  {MARK}\n"
                                                             "def _fast(q, k, v):\n    return q\n")], "cache-memo"),
+    "mutable-default-cache": Plant([after(CHUNK, TOP, f"\n\ndef _fwd_cached(q, k, v, _memo={{}}):  {MARK}\n"
+                                                      "    return _memo.setdefault(q.shape, q)\n")], "cache-memo"),
+    "class-level-cache": Plant([replace(CHUNK, "class ChunkLinearAttnFunction(torch.autograd.Function):\n",
+                                        "class ChunkLinearAttnFunction(torch.autograd.Function):\n"
+                                        f"    results = {{}}  {MARK}\n")], "cache-memo"),
+    "import-time-launch": Plant([after(CHUNK, "    return o, ht\n\n\n",
+                                       f"_warm = chunk_linear_attn_fwd_kernel[(1, 1)]()  {MARK}\n\n\n")], "cache-memo"),
     "global-call-counter": Plant([after(CHUNK, TOP, "_CALLS = 0\n"),
                                   after(CHUNK, API, f"    global _CALLS  {MARK}\n    _CALLS += 1\n")], "cache-memo"),
     "module-list-mutated": Plant([after(INIT, END_INIT, "_RESULTS = []\n\n\ndef _keep(o):\n"
@@ -176,6 +191,12 @@ CHEATS: dict[str, Plant] = {
     "dispatch-mode-in-init": Plant([after(INIT, END_INIT, "\n\nclass _Mode:\n    def __torch_dispatch__(self, func, types, "
                                                           f"args=(), kwargs=None):  {MARK}\n        return func(*args)\n")],
                                    "tensor-subclass"),
+    # dynamic-code
+    "exec-in-init": Plant([after(INIT, END_INIT, f"exec('import torch; torch.backends.cuda.matmul.allow_tf32 = True')  {MARK}\n")],
+                          "dynamic-code"),
+    "computed-import": Plant([after(CHUNK, TOP, "import importlib\n"),
+                              after(CHUNK, API, f"    ref = importlib.import_module('minifla.ops.' + 'linear_attn.nai' + 've')  {MARK}\n")],
+                             "dynamic-code"),
     # shadow-module (whole files: no line)
     "root-time-module": Plant([new_file("time.py", "def perf_counter():\n    return 0.0\n")], "shadow-module", where="time.py"),
     "compiled-extension-beside-chunk": Plant(
@@ -297,7 +318,7 @@ def test_the_catalogue_covers_every_rule_the_brief_names():
     rules = {p.rule for p in CHEATS.values()}
     assert rules >= {"numeric-tf32", "numeric-narrow", "ref-call", "vendor-compute", "cache-memo", "shape-branch",
                      "concurrency", "timer-patch", "introspection", "driver-l2", "env-write", "tensor-subclass",
-                     "shadow-module", "test-harness"}
+                     "shadow-module", "test-harness", "dynamic-code"}
     for rule in rules:  # two disguises at least
         assert sum(p.rule == rule for p in CHEATS.values()) >= 2, rule
 

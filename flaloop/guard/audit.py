@@ -19,7 +19,7 @@ from flaloop.guard.static import Change, run_static
 
 WORKSPACE = "profile/"
 # ignored files inside the package that Python would still import
-IMPORTABLE_IGNORED = (".py", ".so", ".pyd", ".pth")
+IMPORTABLE_IGNORED = (".py", ".so", ".pyd")
 STATUS = {"A": "added", "M": "modified", "D": "deleted", "T": "modified", "C": "added", "R": "added", "U": "modified"}
 
 

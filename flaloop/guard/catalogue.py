@@ -88,9 +88,13 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          "a subclass or mode can defer work until the result is looked at (after the timer stops) "
          "or intercept the checker's comparisons.",
          "return plain torch.Tensor results computed eagerly"),
+    Rule("dynamic-code", BLOCK, "code built or loaded at run time (exec, eval, compile, non-literal imports)",
+         "code in a string, a pickle or a computed module name is invisible to every static rule: the one "
+         "place a cheat can hide from the audit.",
+         "write the code out in the op's source files"),
     Rule("shadow-module", BLOCK, "a new file that shadows a module Python would otherwise import",
-         "the tree is first on sys.path: a root-level torch.py, time.py or sitecustomize.py, a .pth "
-         "file, or a compiled `chunk.*.so` beside `chunk.py` replaces the code that is read and reviewed.",
+         "the tree is first on sys.path: a root-level torch.py, time.py or sitecustomize.py, or a "
+         "compiled `chunk.*.so` beside `chunk.py` replaces the code that is read and reviewed.",
          "give new modules names that shadow nothing; keep native code in reviewed sources"),
     Rule("test-harness", BLOCK, "a new or changed conftest.py or pytest configuration",
          "pytest loads every conftest.py and its configuration around the frozen test file, so "

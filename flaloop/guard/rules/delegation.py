@@ -15,7 +15,7 @@ VENDOR_CALLS = frozenset({
     "torch.mv", "torch.einsum", "torch.tensordot", "torch.inner", "torch.outer", "torch.chain_matmul",
     "torch.nn.functional.linear", "torch.nn.functional.bilinear", "torch.nn.functional.scaled_dot_product_attention",
     "torch._scaled_mm", "torch._int_mm", "torch.nn.Linear", "torch.Tensor.matmul", "einops.einsum",
-    "opt_einsum.contract", "torch.nn.attention.flex_attention.flex_attention",
+    "opt_einsum.contract", "torch.nn.attention.flex_attention.flex_attention", "torch.compile",
 })
 VENDOR_PREFIXES = ("torch.linalg.", "torch.ops.aten.", "torch._C._nn.", "flash_attn", "xformers", "cutlass")
 VENDOR_METHODS = frozenset({"matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "mv", "__matmul__", "__rmatmul__"})
@@ -83,6 +83,11 @@ def check_vendor(src: Source, ctx: FileContext) -> Iterator[Hit]:
                           f"`{src.snippet(node)}` computes with Tensor.{method_name(node.func)}")
         elif isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
             yield Hit(rule, "op:@", node, f"`{src.snippet(node)}` computes with the @ operator (a library GEMM)")
+    for node in src.walk():  # @torch.compile
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                if not isinstance(d, ast.Call) and src.qualify(d) in VENDOR_CALLS:
+                    yield Hit(rule, f"call:{src.qualify(d)}", d, f"@{src.snippet(d)} on {node.name}()")
     for node, mod, name in src.imported_modules():
         full = f"{mod}.{name}" if name else mod
         if full.startswith(("flash_attn", "xformers", "cutlass")):

@@ -43,8 +43,6 @@ def shadowing(path: str, exists) -> str | None:
     p = PurePosixPath(path)
     if p.name in STARTUP_HOOKS:
         return f"{p.name} runs at interpreter start-up"
-    if p.suffix == ".pth":
-        return ".pth files run code at start-up and edit sys.path"
     stem = _module_stem(p)
     if stem is None:
         return None

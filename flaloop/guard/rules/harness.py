@@ -237,4 +237,23 @@ def check_subclass(src: Source, ctx: FileContext) -> Iterator[Hit]:
             yield Hit(rule, f"call:{method_name(node.func)}", node, f"`{src.snippet(node)}`")
 
 
-CHECKS = [check_concurrency, check_patches, check_introspection, check_driver, check_env, check_subclass]
+# -- dynamic-code ---------------------------------------------------------------------------------
+
+DYNAMIC = frozenset({"exec", "eval", "compile", "builtins.exec", "builtins.eval", "builtins.compile", "marshal.loads",
+                     "pickle.loads", "pickle.load", "dill.loads", "cloudpickle.loads", "types.FunctionType",
+                     "types.CodeType", "runpy.run_path", "runpy.run_module"})
+IMPORTERS = ("importlib.import_module", "__import__", "builtins.__import__")
+
+
+def check_dynamic(src: Source, ctx: FileContext) -> Iterator[Hit]:
+    for node in src.walk():
+        if not isinstance(node, ast.Call):
+            continue
+        fn = src.call_name(node) or ""
+        if fn in DYNAMIC:
+            yield Hit("dynamic-code", f"call:{fn}", node, f"`{src.snippet(node)}` runs code the audit cannot read")
+        elif fn in IMPORTERS and not (node.args and const_str(node.args[0])):
+            yield Hit("dynamic-code", f"import:{fn}", node, f"`{src.snippet(node)}` imports a module named at run time")
+
+
+CHECKS = [check_dynamic, check_concurrency, check_patches, check_introspection, check_driver, check_env, check_subclass]

@@ -14,7 +14,7 @@ RELAX_FLAGS = ("allow_tf32", "allow_bf16_reduced_precision_reduction", "allow_fp
 PRECISION_KNOBS = ("fp32_precision", "fp32_default")  # torch.backends.*.fp32_precision, triton.knobs.language
 NUMERIC_ENV = frozenset({"TRITON_F32_DEFAULT", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"})
 STRICT_VALUES = (False, 0, "ieee", "highest", "none")
-NARROW_NAMES = {"bfloat16", "float16", "half", "bf16", "fp16"}
+NARROW_NAMES = {"bfloat16", "float16", "half", "bf16", "fp16", "HalfTensor", "BFloat16Tensor"}
 DTYPE_KEYWORDS = ("dtype", "out_dtype", "acc_dtype", "accum_dtype", "cast_inputs")
 AUTOCAST = ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
             "torch.amp.autocast_mode.autocast")
@@ -100,8 +100,10 @@ def check_narrow(src: Source, ctx: FileContext) -> Iterator[Hit]:
         fn = src.call_name(node) or ""
         method = _method(node)
         if method in ("to", "type") or fn.endswith("language.cast"):
-            dtypes = [narrow_dtype(src, a) for a in node.args] + \
-                     [narrow_dtype(src, k.value) for k in node.keywords if k.arg == "dtype"]
+            # any narrow dtype inside the arguments: `.to(torch.bfloat16)`, `.to(dtype=lo)`,
+            # `.to(q.dtype if cond else torch.bfloat16)`
+            args = [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]
+            dtypes = [narrow_dtype(src, n) for a in args for n in ast.walk(a)]
             dt = next((d for d in dtypes if d), None)
             if dt:
                 outer = src.parent.get(node)

@@ -33,6 +33,17 @@ def _memo(dotted: str) -> bool:
     return dotted.rsplit(".", 1)[-1] in MEMO_NAMES or dotted.startswith("cachetools.")
 
 
+CONTAINERS = frozenset({"dict", "list", "set", "collections.OrderedDict", "collections.defaultdict",
+                        "collections.deque", "collections.Counter", "weakref.WeakKeyDictionary",
+                        "weakref.WeakValueDictionary"})
+
+
+def _mutable(src: Source, node: ast.AST) -> bool:
+    if isinstance(node, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    return isinstance(node, ast.Call) and (src.call_name(node) or "") in CONTAINERS
+
+
 def _takes_tensors(fn: ast.FunctionDef | ast.AsyncFunctionDef, ctx: FileContext) -> bool:
     a = fn.args
     for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
@@ -82,6 +93,9 @@ def check_cache(src: Source, ctx: FileContext) -> Iterator[Hit]:
             elif not src.in_function(node) and fn.startswith("torch.") and fn.rsplit(".", 1)[-1] in FACTORIES:
                 yield Hit(rule, f"module-tensor:{fn}", node,
                           f"`{src.snippet(node)}`: a tensor made at import time and kept in the module")
+            elif not src.in_function(node) and isinstance(node.func, ast.Subscript):
+                yield Hit(rule, "import-time-launch", node,
+                          f"`{src.snippet(node)}`: a kernel launched at import time, outside every timed call")
             if src.in_function(node) and isinstance(node.func, ast.Attribute) and (
                     node.func.attr in MUTATORS or (node.func.attr.endswith("_") and not node.func.attr.startswith("_"))):
                 r = root_name(node.func.value)
@@ -93,6 +107,16 @@ def check_cache(src: Source, ctx: FileContext) -> Iterator[Hit]:
                 dotted = src.qualify(d.func if isinstance(d, ast.Call) else d) or ""
                 if dotted and _memo(dotted) and _takes_tensors(node, ctx):
                     yield Hit(rule, f"memo:{node.name}", d, f"@{src.snippet(d)} on {node.name}(), which takes tensors")
+            for default in [*node.args.defaults, *node.args.kw_defaults]:
+                if default is not None and _mutable(src, default):
+                    yield Hit(rule, f"default:{node.name}", default,
+                              f"{node.name}(..., {src.snippet(default)}): a mutable default outlives the call (a cache)")
+        elif isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None \
+                        and _mutable(src, stmt.value) and not src.snippet(stmt).startswith("__"):
+                    yield Hit(rule, f"class-state:{node.name}", stmt,
+                              f"`{src.snippet(stmt)}` in class {node.name}: a container shared by every call")
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             kind = "global" if isinstance(node, ast.Global) else "nonlocal"
             yield Hit(rule, f"{kind}:{','.join(sorted(node.names))}", node,
