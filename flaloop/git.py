@@ -153,15 +153,23 @@ def list_worktrees(root: Path) -> list[str]:
     return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")]
 
 
-def changed_since(root: Path, commit: str) -> list[tuple[str, str]]:
-    """(status letter, path) of every tracked file whose working-tree content differs from `commit`.
-
-    Staged and unstaged edits alike; renames show as a deletion and an addition. Untracked files
-    are not included (see `untracked`).
+def changed_since(root: Path, commit: str) -> list[tuple[str, str, str]]:
+    """(status letter, path, path at `commit`) of every tracked file whose working-tree content
+    differs from `commit`: staged and unstaged edits alike. A moved file (git's rename detection)
+    has status R and its old path; untracked files are not included (see `untracked`).
     """
-    out = _git(root, "diff", "--name-status", "--no-renames", "-z", commit, "--").stdout
+    out = _git(root, "diff", "--name-status", "-M", "-z", commit, "--").stdout
     parts = [p for p in out.split("\0") if p]
-    return [(parts[i][0], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+    rows, i = [], 0
+    while i < len(parts):
+        letter = parts[i][0]
+        if letter in "RC":  # R100\0old\0new
+            rows.append((letter, parts[i + 2], parts[i + 1]))
+            i += 3
+        else:
+            rows.append((letter, parts[i + 1], parts[i + 1]))
+            i += 2
+    return rows
 
 
 def untracked(root: Path, under: str | None = None, ignored: bool = False) -> list[str]:

@@ -385,6 +385,13 @@ def test_code_the_base_already_had_never_fires(arepo, tmp_path):
     r = run_audit(repo, base)
     added = text.splitlines().index("    key2 = q.data_ptr()") + 1
     assert [(f.rule, f.line) for f in r.findings] == [("cache-memo", added)], show(r)
+    # the module moved (no `git mv`): its old self is the base, so nothing new again
+    p.write_text(text.replace("    key2 = q.data_ptr()\n", ""))
+    p.rename(repo / "minifla/ops/linear_attn/chunk_kernels.py")
+    init = repo / "minifla/ops/linear_attn/__init__.py"
+    init.write_text(init.read_text().replace(".chunk import", ".chunk_kernels import"))
+    r = run_audit(repo, base)
+    assert r.findings == [] and "minifla/ops/linear_attn/chunk_kernels.py" in r.analysed, show(r)
 
 
 def test_a_committed_cheat_and_a_new_module_the_op_imports_are_both_judged(arepo, tmp_path):

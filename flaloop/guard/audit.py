@@ -10,6 +10,7 @@ Reads files and git only: no target interpreter, no GPU; a few seconds on an FLA
 
 from __future__ import annotations
 
+import difflib
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +21,8 @@ from flaloop.guard.static import Change, run_static
 WORKSPACE = "profile/"
 # ignored files inside the package that Python would still import
 IMPORTABLE_IGNORED = (".py", ".so", ".pyd")
-STATUS = {"A": "added", "M": "modified", "D": "deleted", "T": "modified", "C": "added", "R": "added", "U": "modified"}
+MOVED = 0.6  # similarity above which an untracked file is a deleted one, moved
+STATUS = {"A": "added", "M": "modified", "D": "deleted", "T": "modified", "C": "added", "U": "modified"}
 
 
 @dataclass
@@ -50,15 +52,34 @@ def changed_files(target, base_commit: str, package: str) -> list[Change]:
     """Every file the candidate changes relative to `base_commit` (see the module doc)."""
     root = target.root
     out: dict[str, Change] = {}
-    for letter, path in git.changed_since(root, base_commit):
-        out[path] = Change(path, STATUS.get(letter, "modified"))
+    for letter, path, old in git.changed_since(root, base_commit):
+        status = "modified" if letter == "R" else STATUS.get(letter, "modified")
+        out[path] = Change(path, status, base_path=old)
     for path in git.untracked(root):
         out.setdefault(path, Change(path, "untracked"))
     if (root / package).is_dir():
         for path in git.untracked(root, under=package, ignored=True):
             if path.endswith(IMPORTABLE_IGNORED) and "__pycache__" not in path:
                 out.setdefault(path, Change(path, "ignored"))
-    return [c for p, c in sorted(out.items()) if not p.startswith(WORKSPACE)]
+    return _pair_moves(root, base_commit, [c for p, c in sorted(out.items()) if not p.startswith(WORKSPACE)])
+
+
+def _pair_moves(root, base_commit: str, changes: list[Change]) -> list[Change]:
+    """A file moved without git knowing (deleted, and an untracked copy elsewhere) is judged against
+    its old self, so moving code is not mistaken for writing it."""
+    gone = {c.path: (git.file_at(root, base_commit, c.path) or b"").decode(errors="replace").splitlines()
+            for c in changes if c.status == "deleted" and c.path.endswith(".py")}
+    if not gone:
+        return changes
+    out = []
+    for c in changes:
+        if c.status == "untracked" and c.path.endswith(".py") and (root / c.path).is_file():
+            lines = (root / c.path).read_text(errors="replace").splitlines()
+            best = max(gone, key=lambda old: difflib.SequenceMatcher(None, gone[old], lines).quick_ratio())
+            if difflib.SequenceMatcher(None, gone[best], lines, autojunk=False).ratio() >= MOVED:
+                c = Change(c.path, "modified", base_path=best)
+        out.append(c)
+    return out
 
 
 def audit(target, contract, base_commit: str | None = None) -> AuditResult:

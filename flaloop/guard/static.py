@@ -41,6 +41,7 @@ TENSOR_NAMES = frozenset({"x", "t", "q", "k", "v", "o", "g", "w", "u", "beta", "
 class Change:
     path: str    # repo-relative, posix
     status: str  # added, modified, deleted, untracked, ignored
+    base_path: str | None = None  # where the file was at the base, when git saw it move (else path)
 
 
 @dataclass
@@ -240,20 +241,21 @@ def run_static(root: Path, base_commit: str, contract, changes: list[Change],
         frozen = ch.path in scope.frozen
         if frozen:
             result.frozen.append(ch.path)
-        base_blob = git.file_at(root, base_commit, ch.path) if ch.status == "modified" else None
+        base_blob = git.file_at(root, base_commit, ch.base_path or ch.path) if ch.status == "modified" else None
         base_text = base_blob.decode(errors="replace") if base_blob is not None else None
         cand_path = root / ch.path
         try:
             cand_text = cand_path.read_text(errors="replace") if cand_path.is_file() else None
         except OSError:
             cand_text = None
-        result.findings += file_findings(ch.path, ch.status, base_text, cand_text,
-                                         lambda rel: (root / rel).is_file(), frozen)
+        as_file = file_findings(ch.path, ch.status, base_text, cand_text, lambda rel: (root / rel).is_file(), frozen)
+        result.findings += as_file
         if frozen or not ch.path.endswith(".py") or cand_text is None:
             continue
         role = scope.role(ch.path)
         if role is None:
-            result.not_loaded.append(ch.path)
+            if not as_file:  # a new conftest.py is judged as a file, not listed as harmless
+                result.not_loaded.append(ch.path)
             continue
         result.analysed.append(ch.path)
         if not scope.in_op_dir(ch.path):
