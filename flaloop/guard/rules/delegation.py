@@ -49,7 +49,11 @@ def check_ref_call(src: Source, ctx: FileContext) -> Iterator[Hit]:
         if not isinstance(getattr(node, "ctx", None), ast.Load):
             continue
         last = dotted.rsplit(".", 1)[-1]
-        if last.startswith("naive"):
+        ref = _reference_file(dotted, ctx) if dotted.startswith(ctx.package + ".") else None
+        if ref:
+            yield Hit(rule, f"ref:{dotted}", node, f"`{src.snippet(src.parent.get(node) or node)}` uses {dotted}, "
+                                                  f"defined in {ref}, which the gate uses as its reference")
+        elif last.startswith("naive"):
             yield Hit(rule, f"ref:{last}", node, f"`{src.snippet(src.parent.get(node) or node)}` uses {dotted}")
         elif dotted.startswith(("torch.testing.", "numpy.testing.")):
             yield Hit(rule, f"ref:{dotted}", node, f"`{src.snippet(node)}` uses {dotted} in the op")
@@ -57,6 +61,16 @@ def check_ref_call(src: Source, ctx: FileContext) -> Iterator[Hit]:
         if isinstance(node, ast.Call) and (m := method_name(node)) and m.startswith("naive") \
                 and not isinstance(node.func, ast.Attribute):
             yield Hit(rule, f"ref:{m}", node, f"`{src.snippet(node)}` calls {m}")
+
+
+def _reference_file(dotted: str, ctx: FileContext) -> str | None:
+    """The frozen reference file that defines `pkg.mod.name` (through re-exports), if any."""
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        f = ctx.resolve(".".join(parts[:i]), parts[i])
+        if f:
+            return f if f in ctx.references else None
+    return None
 
 
 def has_triton_kernels(src: Source) -> bool:

@@ -78,8 +78,23 @@ def _frozen_module(ctx: FileContext, dotted: str) -> str | None:
     return None
 
 
+def _written_name(node: ast.AST) -> str | None:
+    """The attribute name an assignment or setattr writes, whatever the object."""
+    for t in targets(node):
+        if isinstance(t, ast.Attribute):
+            return t.attr
+    if isinstance(node, ast.Call):  # setattr(obj, "name", v) / obj.__setattr__("name", v)
+        names = [const_str(a) for a in node.args[:2]]
+        return next((n for n in names if n), None)
+    return None
+
+
 def check_patches(src: Source, ctx: FileContext) -> Iterator[Hit]:
     for node, dotted, _value in attribute_writes(src):
+        if not dotted and _written_name(node) in CHECKER_NAMES:  # type(Event()).elapsed_time = f
+            yield Hit("timer-patch", f"patch:?.{_written_name(node)}", node,
+                      f"`{src.snippet(node)}` replaces a {_written_name(node)} method")
+            continue
         if not dotted or "." not in dotted:
             continue
         last = dotted.rsplit(".", 1)[-1]
