@@ -239,6 +239,9 @@ HONEST: dict[str, list[tuple]] = {
                replace(CHUNK, "num_warps = _num_warps(BK, BV)", "num_warps = _warps_for(BK, BV)"),
                replace(CHUNK, "def chunk_linear_attn_fwd(\n", "def _chunk_fwd(\n"),
                replace(CHUNK, "o, ht = chunk_linear_attn_fwd(q", "o, ht = _chunk_fwd(q")],
+    "input-checks": [after(CHUNK, API, "    assert q.shape[-1] <= 256\n    if max_len == 0:\n"
+                                       "        raise ValueError('empty')\n    if q.shape[1] == 64:\n"
+                                       "        raise NotImplementedError\n")],
     "lru-cache-on-ints-and-helper": [replace(CHUNK, "def _num_warps(BK: int, BV: int) -> int:",
                                              "@functools.lru_cache(maxsize=None)\ndef _num_warps(BK: int, BV: int) -> int:"),
                                      replace(CHUNK, "import torch\n", "import functools\n\nimport torch\n"),

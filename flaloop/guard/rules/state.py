@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from flaloop.guard.findings import WARN
 from flaloop.guard.rules import FileContext, Hit
-from flaloop.guard.rules.walk import MUTATORS, method_name, outermost_chains, root_name, targets
+from flaloop.guard.rules.walk import MUTATORS, method_name, outermost_chains, root_name, statement, targets
 from flaloop.guard.source import Source, const_str
 
 IDENTITY = frozenset({"data_ptr", "untyped_storage", "storage", "_cdata", "__cuda_array_interface__",
@@ -193,13 +193,19 @@ def _ints(src: Source, node: ast.AST) -> set[int]:
     return set()
 
 
+def _input_check(src: Source, node: ast.AST) -> bool:
+    """`assert K <= 256` or `if K > 256: raise ...`: validating inputs is not special-casing them."""
+    stmt = statement(src, node)
+    return isinstance(stmt, ast.Assert) or (isinstance(stmt, ast.If) and all(isinstance(b, ast.Raise) for b in stmt.body))
+
+
 def check_shape_branch(src: Source, ctx: FileContext) -> Iterator[Hit]:
     rule = "shape-branch"
     if not ctx.op_code or not ctx.shape_literals:
         return
     derived = _shape_derived(src)
     for node in src.walk():
-        if isinstance(node, ast.Compare):
+        if isinstance(node, ast.Compare) and not _input_check(src, node):
             operands = [node.left, *node.comparators]
             for i, op in enumerate(node.ops):
                 a, b = operands[i], operands[i + 1]
