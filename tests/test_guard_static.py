@@ -239,6 +239,7 @@ HONEST: dict[str, list[tuple]] = {
                replace(CHUNK, "num_warps = _num_warps(BK, BV)", "num_warps = _warps_for(BK, BV)"),
                replace(CHUNK, "def chunk_linear_attn_fwd(\n", "def _chunk_fwd(\n"),
                replace(CHUNK, "o, ht = chunk_linear_attn_fwd(q", "o, ht = _chunk_fwd(q")],
+    "helper-the-test-also-imports": [after(CHUNK, TOP, "from minifla.utils import check_triton_device, device\n")],
     "input-checks": [after(CHUNK, API, "    assert q.shape[-1] <= 256\n    if max_len == 0:\n"
                                        "        raise ValueError('empty')\n    if q.shape[1] == 64:\n"
                                        "        raise NotImplementedError\n")],

@@ -32,7 +32,6 @@ from flaloop.guard.rules.delegation import has_triton_kernels
 from flaloop.guard.rules.files import file_findings
 from flaloop.guard.source import Source, changed_lines, module_name
 
-REFERENCE_REASONS = ("imported by the test", "naive reference", "gate test file", "pytest conftest")
 TENSOR_NAMES = frozenset({"x", "t", "q", "k", "v", "o", "g", "w", "u", "beta", "do", "dq", "dk", "dv", "h0", "ht",
                           "initial_state", "cu_seqlens", "input", "inputs", "tensor", "out", "output", "A", "a"})
 
@@ -221,7 +220,18 @@ class _Scope:
             or self.op_had_triton(),
             shape_literals=self.shape_literals, tensor_names=self.tensor_names, package=self.package,
             resolve=self.resolver.resolve, frozen=self.frozen,
-            references={p: r for p, r in self.frozen.items() if r.startswith(REFERENCE_REASONS)})
+            references=self.references())
+
+    def references(self) -> dict[str, str]:
+        """Frozen files the test compares the op against: the naive reference, the test machinery, and
+        modules of the op's own directory the test imports (FLA's chunk tests use the fused_recurrent
+        kernel beside them). Shared helpers the test also imports (`fla.utils`) are not references."""
+        out = {}
+        for p, r in self.frozen.items():
+            if r.startswith(("naive reference", "gate test file", "pytest conftest")) or (
+                    r.startswith("imported by the test") and self.in_op_dir(p) and not p.endswith("__init__.py")):
+                out[p] = r
+        return out
 
 
 def run_static(root: Path, base_commit: str, contract, changes: list[Change],
