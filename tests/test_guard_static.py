@@ -8,14 +8,18 @@ its files back afterwards (an audit only reads files and git); the CLI tests at 
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from conftest import OP, flaloop, fresh_copy, git, make_repo
+from rich.console import Console
 
+from flaloop.cli.guard import record_allowances
 from flaloop.contract import Contract
+from flaloop.errors import UsageError
 from flaloop.guard.audit import audit
 from flaloop.target import Target
 
@@ -423,6 +427,24 @@ def test_files_outside_what_runs_are_listed_not_judged(arepo):
         r = run_audit(arepo)
     assert r.findings == [] and r.not_loaded == ["scripts/plot.py"], show(r)
     assert set(r.files) == {"scripts/plot.py", "notes.md"}
+
+
+def test_allow_repeats_one_reason_for_all_and_refuses_a_mismatch(arepo, tmp_path):
+    repo = fresh_copy(arepo, tmp_path / "r")
+    target = Target.discover(repo)
+    c = Contract.load(target, OP)
+    quiet = Console(file=io.StringIO())
+    with pytest.raises(UsageError, match="2 --allow but 3 --why"):
+        record_allowances(target, c, ["numeric-tf32", "env-write"], ["a", "b", "c"], quiet)
+    with pytest.raises(UsageError, match="empty"):
+        record_allowances(target, c, ["env-write"], ["  "], quiet)
+    assert Contract.load(target, OP).allowed == []
+    record_allowances(target, c, ["numeric-tf32", "env-write"], ["the spec says TF32 and sets it"], quiet)
+    record_allowances(target, c, ["env-write"], ["reworded"], quiet)  # replaces the earlier entry
+    allowed = Contract.load(target, OP).allowed
+    assert [(a["rule"], a["why"]) for a in allowed] == [("numeric-tf32", "the spec says TF32 and sets it"),
+                                                       ("env-write", "reworded")]
+    assert "ALLOWED: guard rule env-write" in quiet.file.getvalue()
 
 
 def test_old_contracts_load_without_allowances():
