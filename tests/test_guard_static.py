@@ -20,6 +20,7 @@ from rich.console import Console
 from flaloop.cli.guard import record_allowances
 from flaloop.contract import Contract
 from flaloop.errors import UsageError
+from flaloop.guard import catalogue
 from flaloop.guard.audit import audit
 from flaloop.target import Target
 
@@ -92,6 +93,8 @@ CHEATS: dict[str, Plant] = {
                                        f"    b_S = tl.zeros([BK, BV], dtype=tl.bfloat16)  {MARK}\n")], "numeric-narrow"),
     "bf16-hidden-in-a-conditional": Plant([after(CHUNK, FWD, f"    o = o.to(q.dtype if o is None else torch.bfloat16)  {MARK}\n")],
                                           "numeric-narrow"),
+    "bf16-through-a-conditional-variable": Plant([after(CHUNK, FWD, "    dt = q.dtype if o is None else torch.bfloat16\n"
+                                                                    f"    o = o.to(dt)  {MARK}\n")], "numeric-narrow"),
     "half-inputs": Plant([after(CHUNK, API, f"    q, k, v = q.half(), k.half(), v.half()  {MARK}\n")], "numeric-narrow"),
     # ref-call
     "naive-for-short-sequences": Plant([after(CHUNK, TOP, "from minifla.ops.linear_attn.naive import naive_linear_attn\n"),
@@ -445,6 +448,13 @@ def test_allow_repeats_one_reason_for_all_and_refuses_a_mismatch(arepo, tmp_path
     assert [(a["rule"], a["why"]) for a in allowed] == [("numeric-tf32", "the spec says TF32 and sets it"),
                                                        ("env-write", "reworded")]
     assert "ALLOWED: guard rule env-write" in quiet.file.getvalue()
+
+
+def test_every_rule_has_its_section_in_guard_md():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "GUARD.md").read_text()
+    headings = {line[3:].split(" ")[0] for line in doc.splitlines() if line.startswith("## ")}
+    assert set(catalogue.RULES) <= headings, set(catalogue.RULES) - headings
+    assert "## Dynamic probes" in doc.splitlines()
 
 
 def test_old_contracts_load_without_allowances():

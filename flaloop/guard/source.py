@@ -50,6 +50,7 @@ class Source:
         # scope node -> {name: dotted name it stands for, or None when it is a plain local}
         self.bindings: dict[ast.AST, dict[str, str | None]] = {}
         self.int_constants: dict[str, int] = {}  # module-level NAME = <int literal>
+        self.values: dict[tuple[ast.AST, str], list[ast.AST]] = {}  # (scope, name) -> values assigned to it
         # module-level NAME = "lit" / tl.constexpr("lit"), every binding (if/else branches included)
         self.str_constants: dict[str, list[tuple[ast.AST, str]]] = {}
         self._bind()
@@ -162,6 +163,15 @@ class Source:
             return None
         return None
 
+    def assigned(self, name: ast.Name) -> list[ast.AST]:
+        """The values assigned to `name` in the scope that binds it (`lo = a if c else torch.bfloat16`)."""
+        s: ast.AST | None = self.scope_node(name)
+        while s is not None:
+            if name.id in self.bindings.get(s, {}):
+                return self.values.get((s, name.id), [])
+            s = None if isinstance(s, ast.Module) else self.scope_node(s)
+        return []
+
     def call_name(self, call: ast.Call) -> str | None:
         return self.qualify(call.func)
 
@@ -216,6 +226,10 @@ class Source:
                 for name in _target_names(t):
                     if name not in globals_.get(scope, ()):
                         self.bindings[scope].setdefault(name, None)
+        for node in assigns:
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    self.values.setdefault((self.scope_node(node), t.id), []).append(node.value)
         for _ in range(3):  # aliases of aliases: m = torch.backends; mm = m.cuda.matmul
             for node in assigns:
                 scope = self.scope_node(node)

@@ -100,10 +100,12 @@ def check_narrow(src: Source, ctx: FileContext) -> Iterator[Hit]:
         fn = src.call_name(node) or ""
         method = _method(node)
         if method in ("to", "type") or fn.endswith("language.cast"):
-            # any narrow dtype inside the arguments: `.to(torch.bfloat16)`, `.to(dtype=lo)`,
-            # `.to(q.dtype if cond else torch.bfloat16)`
+            # any narrow dtype inside the arguments, or in what a variable argument was assigned:
+            # `.to(torch.bfloat16)`, `.to(dtype=lo)`, `.to(q.dtype if c else torch.bfloat16)`, `dt = ...; .to(dt)`
             args = [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]
-            dtypes = [narrow_dtype(src, n) for a in args for n in ast.walk(a)]
+            seen = [n for a in args for n in ast.walk(a)]
+            seen += [n for name in seen if isinstance(name, ast.Name) for v in src.assigned(name) for n in ast.walk(v)]
+            dtypes = [narrow_dtype(src, n) for n in seen]
             dt = next((d for d in dtypes if d), None)
             if dt:
                 outer = src.parent.get(node)
