@@ -29,10 +29,10 @@ def module_name(relpath: str) -> str:
 class Source:
     """A parsed file. `tree` is None (and `error` says why) when it does not parse."""
 
-    def __init__(self, relpath: str, text: str):
+    def __init__(self, relpath: str, text: str, modname: str | None = None):
         self.path = relpath
         self.text = text
-        self.modname = module_name(relpath)
+        self.modname = modname if modname is not None else module_name(relpath)
         self.is_package = relpath.endswith("__init__.py")
         self.error: str | None = None
         try:

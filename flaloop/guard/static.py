@@ -54,23 +54,29 @@ class StaticResult:
 class Resolver:
     """Repo-local modules of the candidate tree: which file defines a module or a name, and who imports it."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, import_root: str = ""):
         self.root = root
+        self.prefix = f"{import_root}/" if import_root else ""  # "src/" for a src layout
         self._sources: dict[str, Source | None] = {}
         self._files: dict[str, str | None] = {}
+
+    def modname(self, rel: str) -> str:
+        return module_name(rel[len(self.prefix):] if rel.startswith(self.prefix) else rel)
 
     def source(self, rel: str) -> Source | None:
         if rel not in self._sources:
             p = self.root / rel
             try:
-                self._sources[rel] = Source(rel, p.read_text(errors="replace")) if p.is_file() else None
+                self._sources[rel] = Source(rel, p.read_text(errors="replace"), self.modname(rel)) \
+                    if p.is_file() else None
             except OSError:
                 self._sources[rel] = None
         return self._sources[rel]
 
     def file_of(self, mod: str) -> str | None:
+        """The repo-relative file of module `mod` in the candidate tree, or None."""
         if mod not in self._files:
-            base = mod.replace(".", "/")
+            base = self.prefix + mod.replace(".", "/")
             found = None
             for rel in (f"{base}.py", f"{base}/__init__.py"):
                 if mod and (self.root / rel).is_file():
@@ -169,6 +175,7 @@ class _Scope:
     root: Path
     base_commit: str
     package: str
+    package_dir: str  # repo-relative: "fla", or "src/fla" in a src layout
     op_dir: str
     registry: str | None
     frozen: dict[str, str]
@@ -197,9 +204,9 @@ class _Scope:
         """
         if self.in_package(path):
             return "op"
-        mod = module_name(path)
+        mod = self.resolver.modname(path)
         if self._package_files is None:
-            pkg = self.root / self.package
+            pkg = self.root / self.package_dir
             self._package_files = [str(p.relative_to(self.root)) for p in pkg.rglob("*.py")] if pkg.is_dir() else []
         if self.resolver.imported_by(mod, self._package_files):
             return "op"
@@ -208,7 +215,7 @@ class _Scope:
         return None
 
     def in_package(self, path: str) -> bool:
-        return path.startswith(self.package + "/")
+        return path.startswith(self.package_dir + "/")
 
     def in_op_dir(self, path: str) -> bool:
         return path.startswith(self.op_dir + "/") if self.op_dir else True
@@ -239,12 +246,17 @@ def run_static(root: Path, base_commit: str, contract, changes: list[Change],
     """Every rule over `changes` (working tree vs `base_commit`), for the op of `contract`."""
     result = StaticResult()
     params = {p["name"] for p in contract.parameters if p.get("default") in (None, "None")}
-    op_dir = str(PurePosixPath(contract.entry_file).parent)
-    scope = _Scope(root=root, base_commit=base_commit, package=contract.import_path.split(".")[0],
+    entry = PurePosixPath(contract.entry_file)
+    op_dir = str(entry.parent)
+    package = contract.import_path.split(".")[0]
+    # the package's directory is the entry file's outermost ancestor named like the package
+    package_dir = next((p for p in reversed(entry.parents) if p.name == package), PurePosixPath(package))
+    import_root = "" if str(package_dir.parent) == "." else str(package_dir.parent)
+    scope = _Scope(root=root, base_commit=base_commit, package=package, package_dir=str(package_dir),
                    op_dir="" if op_dir == "." else op_dir, registry=registry,
                    frozen={f.path: f.reason for f in contract.frozen},
                    shape_literals=shape_literals(root, base_commit, contract.test_file, registry, contract.shapes),
-                   tensor_names=TENSOR_NAMES | params, resolver=Resolver(root))
+                   tensor_names=TENSOR_NAMES | params, resolver=Resolver(root, import_root))
     for ch in sorted(changes, key=lambda c: c.path):
         if ch.status == "deleted":
             continue
@@ -279,13 +291,14 @@ def run_static(root: Path, base_commit: str, contract, changes: list[Change],
 
 
 def analyse_file(path: str, base_text: str | None, cand_text: str, scope: _Scope, op_code: bool) -> list[Finding]:
-    cand = Source(path, cand_text)
+    modname = scope.resolver.modname(path)
+    cand = Source(path, cand_text, modname)
     if cand.tree is None:
         return [finding("not-analysed", f"{path} does not parse ({cand.error}): the static rules cannot read it",
                         file=path)]
-    base = Source(path, base_text or "")
+    base = Source(path, base_text or "", modname)
     if base.tree is None:
-        base = Source(path, "")
+        base = Source(path, "", modname)
     ctx = scope.context(path, op_code, base if base_text is not None else None)
     hits = added_hits(base, cand, run_checks(base, ctx), run_checks(cand, ctx))
     return [finding(h.rule, h.message, file=path, line=h.line, severity=h.severity) for h in hits]
