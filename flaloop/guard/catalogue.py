@@ -4,8 +4,8 @@ This is the one place a rule's words live. The static rules (guard/rules/*.py) r
 `Hit`s that name a rule id; `finding()` turns a hit into a `Finding` with the words from here.
 docs/GUARD.md has one section per id, with the incident each rule comes from.
 
-Adding a rule: add a `Rule` here, a check in one of guard/rules/*.py (or a new module listed in
-`guard.rules.CHECKS`), a section in docs/GUARD.md, and a planted cheat in tests/test_guard_static.py.
+Adding a rule: add a `Rule` here, a check in one of guard/rules/*.py (a new module goes into
+`guard.rules._checks()`), a section in docs/GUARD.md, and a planted cheat in tests/test_guard_static.py.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ never needs to know about the diff. A hit's `key` says which occurrences are "th
 across versions (e.g. `cast:torch.bfloat16`): the base's count of a key is the candidate's
 allowance for it.
 
-A new rule: a `Rule` in guard/catalogue.py, a check function here or in a sibling module, listed
-in CHECKS below.
+A new rule: a `Rule` in guard/catalogue.py, and a check function in a sibling module, in that
+module's CHECKS list (a new module goes into `_checks()` below).
 """
 
 from __future__ import annotations
