@@ -55,6 +55,8 @@ class Contract:
     langs: list[str] = field(default_factory=lambda: ["triton"])
     input_overrides: dict[str, str] = field(default_factory=dict)
     varlen: bool = False
+    # justified exceptions to guard rules, each {"rule", "why", "added"}: `flaloop audit OP --allow RULE --why ...`
+    allowed: list[dict] = field(default_factory=list)
     created: str = ""
     flaloop_version: str = __version__
     schema: int = SCHEMA
@@ -85,6 +87,13 @@ class Contract:
             return cls.from_dict(json.loads(path.read_text()))
         except (json.JSONDecodeError, TypeError) as exc:
             raise UsageError(f"{path} is damaged: {exc}", f"rerun `flaloop init {op} --force`") from exc
+
+    def allow(self, rule: str, why: str) -> dict:
+        """Record a justified exception to a guard rule (replacing an earlier one for the same rule)."""
+        entry = {"rule": rule, "why": why,
+                 "added": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        self.allowed = [a for a in self.allowed if a.get("rule") != rule] + [entry]
+        return entry
 
     def save(self, target: Target) -> Path:
         path = self.path(target, self.op)
@@ -289,7 +298,45 @@ read; this page is for people. Edit the prose freely; change the contract with
 | file | why | sha256 |
 | --- | --- | --- |
 {frozen}
-"""
+
+{render_allowed(c)}"""
+
+
+ALLOWED_HEADING = "## Allowed guard exceptions"
+
+
+def render_allowed(c: Contract) -> str:
+    """The draft's section on guard rules this task may break, and why (docs/GUARD.md has the rules)."""
+    if not c.allowed:
+        body = ("None. Every guard rule applies (docs/GUARD.md). An exception is recorded with\n"
+                f"`flaloop audit {c.op} --allow RULE --why \"...\"` and listed here.")
+    else:
+        rows = "\n".join(f"| `{a.get('rule')}` | {_cell(a.get('why', ''))} | {a.get('added', '')} |"
+                         for a in c.allowed)
+        body = ("Findings of these rules are shown as allowed, not blocking. Each was recorded with\n"
+                f"`flaloop audit {c.op} --allow RULE --why ...`.\n\n| rule | why | added |\n| --- | --- | --- |\n{rows}")
+    return f"{ALLOWED_HEADING}\n{body}\n"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def update_draft_allowed(target: Target, c: Contract) -> Path | None:
+    """Rewrite only the allowances section of docs/draft.md, keeping any prose the user edited."""
+    path = target.workspace(c.op) / "docs" / "draft.md"
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    section = render_allowed(c)
+    start = text.find(ALLOWED_HEADING)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        nxt = text.find("\n## ", start + len(ALLOWED_HEADING))
+        text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
+    path.write_text(text)
+    return path
 
 
 def write(target: Target, contract: Contract, force: bool) -> tuple[Path, Path]:

@@ -151,3 +151,38 @@ def worktree(root: Path, commit: str, name: str = "base") -> Iterator[Path]:
 def list_worktrees(root: Path) -> list[str]:
     out = _git(root, "worktree", "list", "--porcelain").stdout
     return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")]
+
+
+def changed_since(root: Path, commit: str) -> list[tuple[str, str, str]]:
+    """(status letter, path, path at `commit`) of every tracked file whose working-tree content
+    differs from `commit`: staged and unstaged edits alike. A moved file (git's rename detection)
+    has status R and its old path; untracked files are not included (see `untracked`).
+    """
+    out = _git(root, "diff", "--name-status", "-M", "-z", commit, "--").stdout
+    parts = [p for p in out.split("\0") if p]
+    rows, i = [], 0
+    while i < len(parts):
+        letter = parts[i][0]
+        if letter in "RC":  # R100\0old\0new
+            rows.append((letter, parts[i + 2], parts[i + 1]))
+            i += 3
+        else:
+            rows.append((letter, parts[i + 1], parts[i + 1]))
+            i += 2
+    return rows
+
+
+def untracked(root: Path, under: str | None = None, ignored: bool = False) -> list[str]:
+    """Files git does not track: those it would show (default), or those it ignores (`ignored`)."""
+    args = ["ls-files", "--others", "--exclude-standard", "-z"]
+    if ignored:
+        args.append("--ignored")
+    if under:
+        args += ["--", under]
+    return [p for p in _git(root, *args).stdout.split("\0") if p]
+
+
+def files_at(root: Path, commit: str, under: str) -> list[str]:
+    """Paths of the files under `under` at `commit`."""
+    proc = _git(root, "ls-tree", "-r", "--name-only", "-z", commit, "--", under, check=False)
+    return [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else []

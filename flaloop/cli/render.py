@@ -5,8 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from flaloop import gate as gate_mod
+from flaloop.guard.findings import Finding
 
 
 def print_gate(r: gate_mod.GateResult, console: Console) -> None:
@@ -124,22 +126,26 @@ def print_bench(record: dict, console: Console) -> None:
         console.print(f"run record: {record['path']}")
 
 
-def print_findings(findings: list[dict], console: Console) -> None:
-    """The guard's findings under a table: blocking ones first, each with where, why and what to do."""
+def print_findings(findings: list, console: Console, title: str = "guard findings") -> None:
+    """One row per finding (a Finding or its dict): rule, severity, where, what was seen, why it
+    matters, what to do. A rule's why and fix are written out on its first row only."""
+    findings = [f if isinstance(f, Finding) else Finding.from_dict(f) for f in findings]
+    findings.sort(key=lambda f: (not f.blocking, f.allowed is not None, f.rule))
     if not findings:
         return
-    order = sorted(findings, key=lambda f: (not f.get("blocking"), f.get("rule", "")))
-    n_block = sum(1 for f in findings if f.get("blocking"))
-    console.print(f"[bold]guard: {n_block} blocking finding(s), {len(findings) - n_block} other[/]", markup=True)
-    for f in order:
-        tag = ("[bold red]BLOCK[/]" if f.get("blocking") else
-               "[green]allowed[/]" if f.get("allowed") else "[yellow]warn[/]")
-        where = f.get("where") or f.get("cell") or ""
-        where = f" {escape(where)}" if where else ""
-        console.print(f"  {tag} {escape(f.get('rule', '?'))}{where}: {escape(f.get('message', ''))}", markup=True)
-        if f.get("allowed"):
-            console.print(f"      allowed: {f['allowed']}")
-        elif f.get("why"):
-            console.print(f"      why: {f['why']}")
-            if f.get("fix"):
-                console.print(f"      do: {f['fix']}")
+    table = Table(title=title, show_lines=True)
+    for col, ratio in (("rule", 1), ("severity", 1), ("where", 2), ("message", 4), ("why", 4), ("fix", 3)):
+        table.add_column(col, overflow="fold", ratio=ratio)
+    explained: set[str] = set()
+    for f in findings:
+        if f.allowed is not None:
+            sev = Text(f"allowed: {f.allowed}", style="cyan")
+        elif f.blocking:
+            sev = Text("BLOCK", style="bold red")
+        else:
+            sev = Text(f.severity, style="yellow")
+        seen = f.rule in explained
+        explained.add(f.rule)
+        table.add_row(f.rule, sev, f.where or "-", f.message, "(as above)" if seen else f.why,
+                      "(as above)" if seen else f.fix)
+    console.print(table)
