@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from flaloop.cli import demo, measure, setup  # noqa: F401  (register their commands)
+from flaloop.cli import demo, loop, measure, setup  # noqa: F401  (register their commands)
 from flaloop.cli.app import app
 
 
