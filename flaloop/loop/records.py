@@ -192,7 +192,7 @@ def fmt_gate(gate: dict | None) -> str:
     if not gate:
         return "-"
     c = gate.get("counts") or {}
-    counts = f" {c.get('passed', 0)}/{c.get('selected', 0)}" if c else ""
+    counts = f" {c.get('passed', 0)}/{c.get('selected', 0)} passed" if c else ""
     label = "green" if gate.get("green") else "red"
     if gate.get("signal_only"):
         label = f"signal (-k {gate.get('k_expr')}) {label}"

@@ -104,16 +104,16 @@ def decide(*, gate: dict | None, guard_blocked: bool, guard_reason: str, vs_best
         bad = [f"{c['id']} {c['verdict']}" for c in vs_best["cells"] if c["verdict"] not in MEASURED]
         why = "; ".join(bad + vs_best["errors"][:1]) or "nothing measured"
         return Outcome("drop", f"the bench could not measure every cell ({why})")
-    g, verdict = vs_best["geomean"], vs_best["verdict"]
+    verdict, margin = vs_best["verdict"], vs_best.get("margin", 0.005)
     slower = [c["id"] for c in vs_best["cells"] if c["verdict"] == "SLOWER"]
-    said = f"{_pct(g['speedup'])} [{g['ci_low']:.4f}, {g['ci_high']:.4f}] {verdict} vs best"
     if signal:
-        return Outcome("signal", f"{said} (signal only: never keep)")
+        return Outcome("signal", f"{verdict} vs best, signal only: never keep, not reverted")
     if verdict == "SLOWER" or slower:
-        return Outcome("revert", said + (f"; SLOWER on {', '.join(slower)}" if slower else ""))
+        where = f"SLOWER on {', '.join(slower)}" if slower else "the geomean is SLOWER"
+        return Outcome("revert", f"{where} than the best")
     if verdict == "FASTER":
-        return Outcome("keep", said)
-    return Outcome("noise", said)
+        return Outcome("keep", f"geomean CI above {1 + margin:g}, no cell SLOWER")
+    return Outcome("noise", f"{verdict} vs best: not beyond the {margin:.1%} margin")
 
 
 # -- the loop's state ---------------------------------------------------------------------------
