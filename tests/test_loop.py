@@ -220,3 +220,22 @@ def test_iter_refuses_unsafe_repository_states_before_measuring(toy):
     assert r.code == 2 and "does not descend from the contract's base" in r.stderr
     assert not (ws(repo) / "iters").exists()
     assert git(repo, "rev-parse", "main~1").strip() == head  # no commit was made by any refusal
+
+
+def test_a_revert_also_undoes_pending_signal_commits_and_skips_bytecode(tmp_path):
+    from flaloop import git as git_mod
+
+    repo = make_toy_repo(tmp_path / "toy")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    cache = repo / "toyop" / "__pycache__"
+    cache.mkdir()
+    (cache / "fast.cpython-311.pyc").write_bytes(b"\x00bytecode")
+    assert git_mod.changed_paths(repo) == []  # bytecode is never a change, even without a .gitignore
+    edit(repo / FAST, "a = a.tril()", "a = a.tril()  # signal step")
+    signal = git_mod.commit_all(repo, "signal iteration\n\nFlaloop-Iteration: 1\n")
+    edit(repo / FAST, "a = a.tril()  # signal step", "a = a.tril()  # the candidate")
+    cand = git_mod.commit_all(repo, "candidate\n\nFlaloop-Iteration: 2\n")
+    assert git(repo, "show", "--name-only", "--format=", cand).split() == [str(FAST)]
+    rev = git_mod.revert(repo, [cand, signal], "revert\n\nFlaloop-Iteration: 2\n")
+    assert git_mod.same_tree(repo, rev, base) and git(repo, "status", "--porcelain") == "?? toyop/__pycache__/\n"
+    assert [line.split(" ", 1)[1] for line in log_lines(repo)] == ["revert", "candidate", "signal iteration", "base"]

@@ -253,7 +253,12 @@ def run_iteration(target: Target, contract: Contract, ws: Workspace, hooks: Hook
             if not git.same_tree(root, it.revert_commit, best.commit):
                 it.note += f"; the tree is back at HEAD before the iteration, not at {best.commit[:12]}"
             ws.save_iteration(it)
-    render(ws, contract)
+    try:
+        render(ws, contract)
+    except records.HandEdited as exc:  # the iteration itself is done: say so before the refusal
+        exc.message = (f"iteration {n} is recorded ({it.status}) and committed as {it.commit[:12]}, but "
+                       f"OPT_LOG.md was not re-rendered: " + exc.message)
+        raise
     return it
 
 
