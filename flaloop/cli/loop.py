@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from flaloop import git
 from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, emit_json, human, out, with_options
+from flaloop.cli.loop_render import print_iteration, print_status
 from flaloop.cli.measure import BenchOptions, GateOptions, run_bench_with_progress, run_gate_with_progress
 from flaloop.cli.render import print_bench, print_gate
 from flaloop.contract import Contract
@@ -143,27 +144,6 @@ def iter_cmd(
     else:
         print_iteration(it, ws, out)
     raise typer.Exit(code)
-
-
-STATUS_STYLE = {"keep": "bold green", "revert": "bold yellow", "noise": "yellow", "drop": "bold red",
-                "signal": "cyan"}
-
-
-def print_iteration(it, ws: Workspace, console: Console) -> None:
-    style = STATUS_STYLE.get(it.status, "bold")
-    console.print(f"iteration {it.iter}: [{style}]{it.status}[/]  {escape(it.direction)}", markup=True)
-    console.print(f"  {escape(it.note)}", markup=True)
-    console.print(f"  vs best ({it.best_before[:12]}): {records.fmt_cmp(it.vs_best, link=False)}")
-    console.print(f"  vs base: {records.fmt_cmp(it.vs_base, link=False)}")
-    for f in it.guard["findings"]:
-        console.print(f"  [red]guard[/] {escape(f['rule'])} {escape(f.get('where') or '')}: "
-                      f"{escape(f['message'])}", markup=True)
-    console.print(f"  committed {it.commit[:12]} ({len(it.files)} file(s): {', '.join(it.files[:5])})")
-    if it.revert_commit:
-        console.print(f"  reverted in {it.revert_commit[:12]}: the tree is back at the best; the attempt stays "
-                      f"in `git log`")
-    console.print(f"  row: {records.render_row(records.iteration_row(it))}")
-    console.print(f"  log: {ws.opt_log}")
 
 
 # -- reassess and stop --------------------------------------------------------------------------
@@ -431,36 +411,6 @@ def status_cmd(op: str, repo: RepoOpt = None, python: PyOpt = None, as_json: Jso
         emit_json(doc)
         return
     print_status(doc, out)
-
-
-def print_status(st: dict, console: Console) -> None:
-    console.print(f"[bold]{escape(st['op'])}[/]: phase [bold]{escape(st['phase'])}[/]", markup=True)
-    counts = ", ".join(f"{k} {v}" for k, v in st["counts"].items() if v)
-    console.print(f"  iterations: {st['iterations']} of {st['max_iters']}" + (f" ({counts})" if counts else ""))
-    b = st["best"]
-    if b:
-        what = "the base" if b["status"] == "baseline" else f"iteration {b['iter']} \"{b['direction']}\""
-        console.print(f"  best: {what} ({b['commit'][:12]})" +
-                      (f", {records.fmt_x(b['vs_base'])} vs base" if b["vs_base"] else ""))
-    t = st["target"]
-    if t["met"]:
-        console.print(f"  target {t['speedup']:g}x: met")
-    else:
-        gap = f"{t['remaining']:+.1%} to go" if t["remaining"] is not None else "no kept speedup yet"
-        console.print(f"  target {t['speedup']:g}x: {gap}")
-    s = st["stall"]
-    console.print(f"  stall: {s['count']} of {s['limit']} non-keep iterations in a row"
-                  + (" (stalled)" if s["stalled"] else ""))
-    g = st["last_gate"]
-    if g:
-        console.print(f"  last gate: iteration {g['iter']}: {records.fmt_gate(g)}")
-    for cond in st["stop_conditions"]:
-        console.print(f"  stop condition: {cond}")
-    if st["stopped"]:
-        console.print(f"  stopped: {st['stopped']['verdict']} after iteration {st['stopped']['after_iter']}")
-    for e in st["opt_log"]["hand_edits"]:
-        console.print(f"  [red]OPT_LOG.md hand-edited at {escape(e['where'])}[/]", markup=True)
-    console.print(f"  next: {st['next']}")
 
 
 @app.command("log")

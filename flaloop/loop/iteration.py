@@ -174,6 +174,11 @@ def preflight(target: Target, contract: Contract, ws: Workspace) -> None:
     if base is None or base.commit != contract.base_commit:
         raise UsageError(f"no baseline for the contract's base {contract.base_commit[:12]}",
                          f"run `flaloop baseline {contract.op}` first (phase 1: the gate and one timed run of the base)")
+    timed = {c["id"] for c in (base.baseline or {}).get("cells", []) if "_varlen" not in c["id"]}
+    wanted = {f"{s}/{m}" for s in contract.shapes for m in contract.modes}
+    if timed != wanted:
+        raise UsageError("the contract's shapes or modes changed since the baseline was timed",
+                         f"time the base again: `flaloop baseline {contract.op} --force`")
     edits = records.check_doc(ws, ws.opt_log)
     if edits:
         raise records.HandEdited(ws.opt_log, contract.op, edits)
