@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import GIT_ENV, edit, flaloop, fresh_copy, git, make_toy_repo
+from conftest import GIT_ENV, edit, flaloop, fresh_copy, git, make_toy_repo, worktrees
 
 OP = "toy_attn"
 FAST = Path("toyop/ops/toy/fast.py")
@@ -56,8 +56,11 @@ def slow_toy(tmp_path_factory) -> Path:
     git(repo, "commit", "-qam", "a slow base")
     r = fl(repo, "init", OP, "--shapes", "B2_T64_H2_D16,B1_T128_H2_D32", "--modes", "fwd", "--target", "1.5x")
     assert r.code == 0, r.stderr
+    (repo / "wip.txt").write_text("not the base")  # the base's gate then runs in a worktree of the base
     r = fl(repo, "baseline", OP, "--json", *QUICK)
     assert r.code == 0, r.stderr
+    assert "temporary worktree" in r.stderr and worktrees(repo) == [str(repo)]
+    (repo / "wip.txt").unlink()
     return repo
 
 
