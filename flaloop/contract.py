@@ -57,6 +57,8 @@ class Contract:
     varlen: bool = False
     # justified exceptions to guard rules, each {"rule", "why", "added"}: `flaloop audit OP --allow RULE --why ...`
     allowed: list[dict] = field(default_factory=list)
+    # The loop's iteration cap (flaloop iter refuses past it; `flaloop stop` decides then).
+    max_iters: int = 20
     created: str = ""
     flaloop_version: str = __version__
     schema: int = SCHEMA
@@ -221,8 +223,11 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shapes: list[str] | None,
-           langs: list[str], modes: list[str], overrides: dict[str, str], varlen: bool = False) -> Contract:
+           langs: list[str], modes: list[str], overrides: dict[str, str], varlen: bool = False,
+           max_iters: int = 20) -> Contract:
     base_commit = git.resolve_ref(target.root, base_ref)
+    if max_iters < 1:
+        raise UsageError(f"--max-iters {max_iters}: need at least 1", "e.g. --max-iters 20")
     bad = [lang for lang in langs if lang not in LANGS]
     if bad:
         raise UsageError(f"unknown language(s) {', '.join(bad)}", f"choose from {', '.join(LANGS)}")
@@ -246,7 +251,7 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         signature=probe["signature"], parameters=probe["parameters"], base_ref=base_ref,
         base_commit=base_commit, test_file=spec.test_file, frozen=frozen, target_speedup=speedup,
         shapes=list(shapes or known_shapes), modes=list(modes), langs=list(langs),
-        input_overrides=overrides, varlen=varlen,
+        input_overrides=overrides, varlen=varlen, max_iters=max_iters,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
     dirty = changed_frozen(target, contract)
@@ -277,6 +282,7 @@ read; this page is for people. Edit the prose freely; change the contract with
 - Modes: {", ".join(c.modes)}
 - Variable-length (packed `cu_seqlens`) cells: {"yes, one per shape" if c.varlen else "no"}
 - Input transforms overridden for the bench: {overrides}
+- Iteration cap: {c.max_iters} iterations of `flaloop iter`
 
 ## Allowed languages
 {", ".join(c.langs)}

@@ -40,3 +40,9 @@ class MeasurementError(FlaloopError):
     """A measurement could not be made (exit 3)."""
 
     exit_code = 3
+
+
+class RuleRefused(FlaloopError):
+    """A rule of the optimization loop says no: stalled, a stop bar not met, a hand-edited log row (exit 1)."""
+
+    exit_code = 1

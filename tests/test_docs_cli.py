@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("SKILL.md", "README.md")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 # Commands the docs describe that are built on other branches; emptied at merge.
-NOT_YET = {"audit", "baseline", "iter", "reassess", "stop", "dispatch", "trap", "header", "status", "clean"}
+NOT_YET = {"clean"}
 
 
 def doc_commands() -> list[tuple[str, int, list[str]]]:

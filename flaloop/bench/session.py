@@ -335,6 +335,8 @@ class Session:
             res.status, res.reason = "blocked", (
                 "candidate differs from base: " + ", ".join(
                     f"{n} rel-RMS {t.get('rel_rms')}, non-finite {t.get('nonfinite_self')}" for n, t in worst))
+            found = guard_probes.finding("differs-from-base", res.reason, res.cell.id)
+            res.findings = [f.to_dict() for f in apply_allowances([found], [])]  # never allowable: it is wrong
             return None
         if self.cfg.probes:
             self._probe(res, idx)

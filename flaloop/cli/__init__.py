@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from flaloop.cli import demo, guard, measure, report, setup  # noqa: F401  (register their commands)
+from flaloop.cli import demo, guard, loop, measure, report, setup  # noqa: F401  (register their commands)
 from flaloop.cli.app import app
 
 

@@ -47,6 +47,7 @@ def init_cmd(
     modes: Annotated[str, typer.Option("--modes", help="Bench modes, comma separated.")] = "fwd,fwdbwd",
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override an input transform: k=l2norm.")] = None,
     varlen: Annotated[bool, typer.Option("--varlen", help="Bench a packed cu_seqlens variant of each shape too.")] = False,
+    max_iters: Annotated[int, typer.Option("--max-iters", help="Iteration cap of the loop.")] = 20,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing contract.")] = False,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
@@ -59,7 +60,7 @@ def init_cmd(
         target, spec, base_ref=base, speedup=contract_mod.parse_speedup(target_speedup),
         shapes=shape_list or None, langs=[x for x in langs.split(",") if x],
         modes=[x for x in modes.split(",") if x], overrides=contract_mod.parse_overrides(inputs or []),
-        varlen=varlen)
+        varlen=varlen, max_iters=max_iters)
     cpath, dpath = contract_mod.write(target, c, force)
     if as_json:
         print(json.dumps({"ok": True, "contract": str(cpath), "draft": str(dpath), **c.to_dict()}))

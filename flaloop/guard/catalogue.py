@@ -112,6 +112,10 @@ RULES: dict[str, Rule] = {r.id: r for r in [
 
 # The dynamic probes (flaloop/bench/worker/probes.py and integrity.py, judged in guard/probes.py).
 PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
+    Rule("differs-from-base", BLOCK, "the candidate's outputs or gradients differ from the base's on a bench cell",
+         "the gate's shapes are not the bench's: garbage for a shape only the bench uses (seen on FLA), a "
+         "bf16-only path, NaN or Inf — a fast wrong answer is not a speedup.",
+         "make the candidate agree with the base on every bench cell (relative RMS within --diff-tol)"),
     Rule("timer-patched", BLOCK, "a function on the timing path was replaced in the candidate's process",
          "a patched timer fakes any speedup: a wrapped Event.elapsed_time read FASTER 1.25x on an H200 "
          "before this probe existed.",
