@@ -440,7 +440,10 @@ class Session:
             self.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
             state = (settled(r_kept, self.cfg.margin, self.cfg.settle_band, self.cfg.seed)
                      if self.round == 0 and len(r_kept) >= min_r else None)
-            if state or rule.enough(r_kept, time.monotonic() - t0) or len(mine) >= 3 * max_r:
+            # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
+            # calibrated on the base) must still get enough pairs to be called SLOWER
+            elapsed = time.monotonic() - t0 if len(r_kept) >= min(min_r, 6) else 0.0
+            if state or rule.enough(r_kept, elapsed) or len(mine) >= 3 * max_r:
                 why = (f"settled: the CI lies {state} the margin" if state else
                        f"{len(r_kept)} pairs, as many as round 1" if self.round and first >= 2
                        and rule.reason.startswith("pair cap") else rule.reason)

@@ -74,6 +74,10 @@ class Worker:
         if dev == 'cuda' and not torch.cuda.is_available():
             raise RuntimeError('--device cuda but torch.cuda.is_available() is False')
         self.device = torch.device(dev)
+        if self.device.type == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
+            # two workers share the host's cores: intra-op thread pools of both would fight for them
+            # and turn every sample into a scheduler lottery (OMP_NUM_THREADS overrides this)
+            torch.set_num_threads(1)
         if self.device.type == 'cuda':
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
             self.l2_bytes = int(getattr(props, 'L2_cache_size', 0) or 0) or None
