@@ -46,6 +46,10 @@ from flaloop.guard.findings import apply_allowances
 
 Events = Callable[..., None]
 MAX_RESTARTS = 4  # fresh pairs after crashes or hangs, per run
+# CUDA errors after which the process's context is unusable: the worker answers, but every later
+# call would fail too, so the pair is replaced before the next cell.
+STICKY_CUDA = ("illegal memory access", "unspecified launch failure", "device-side assert", "misaligned address",
+               "illegal instruction", "an illegal address", "CUDA error: unknown error", "uncorrectable ECC")
 
 
 class Cancelled(Exception):
@@ -84,6 +88,7 @@ class Session:
         self.integrity: dict[str, list[str]] = {"base": [], "cand": []}
         self.run_findings: list[dict] = []  # guard findings about the whole run (timer patches)
         self.restarts = 0
+        self.broken: str | None = None  # why the current pair must be replaced (a sticky CUDA error)
         self.probe_seconds = 0.0
         self.cancel = cancel
 
@@ -196,7 +201,9 @@ class Session:
             w.close()
 
     def _restart(self, why: str) -> bool:
-        """A fresh pair for this round after a crash or hang; False when the budget is spent."""
+        """A fresh pair for this round after a crash, a hang or a broken CUDA context; False when
+        the budget is spent."""
+        self.broken = None
         self._close_workers()
         if self.restarts >= MAX_RESTARTS:
             self.errors.append(f"no fresh workers after {self.restarts} restarts: {why}")
@@ -269,11 +276,14 @@ class Session:
             self.on_event("warm", cell=res.cell.id, index=i, total=len(self.results))
             try:
                 self._warm(res)
-                self._release(res)
+                if not self.broken:
+                    self._release(res)
             except WorkerFailed as exc:
                 self._cell_failed(res, exc)
                 if not self._restart(exc.message):
                     return
+            if self.broken and not self._restart(self.broken):
+                return
             if _cache_entries(cache) > entries:
                 # this warm-up compiles: the processes that will measure start importing now
                 self.pool.prestart("primed", self._order(0))
@@ -373,6 +383,9 @@ class Session:
         else:
             res.status, res.reason = "failed", f"{side}: {error}"
             res.setup[f"{side}_traceback"] = reply.get("traceback", "")[-4000:]
+            if any(s in error for s in STICKY_CUDA):
+                self.broken = f"the {side} worker's CUDA context is broken ({error[:200]})"
+                self.errors.append(f"{res.cell.id}: {self.broken}")
 
     # -- phase 2: paired sampling --
 
@@ -384,7 +397,10 @@ class Session:
         t0 = time.monotonic()
         try:
             self._sample_cell(res, t0)
-            self._release(res)
+            if self.broken:
+                self._restart(self.broken)
+            else:
+                self._release(res)
         except WorkerFailed as exc:
             self._cell_failed(res, exc)
             res.reason = f"round {self.round + 1}: {res.reason}"
