@@ -119,7 +119,8 @@ class Session:
                 python=self.python, op=self.op, device=self.cfg.device, trees=trees,
                 registry=base_tree / self.registry_rel, run_dir=self.run_dir, env=env,
                 setup_timeout=self.cfg.setup_timeout, use_forkserver=self.cfg.forkserver,
-                preload_file=ws / "preload.json", gpu=self.gpu))
+                preload_file=ws / f"preload-{self.cfg.import_mode}.json", gpu=self.gpu,
+                import_mode=self.cfg.import_mode))
             # Every pair the run is known to need, started now: the imports overlap.
             self.pool.prestart("round1", self._order(0))
             for rnd in range(1, max(1, self.cfg.rounds)):
