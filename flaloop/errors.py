@@ -5,6 +5,8 @@ Exit codes (documented in the README):
   1  gate red or guard blocked
   2  usage or setup error (bad op, bad ref, no contract, not a git repo, ...)
   3  measurement failed (a worker crashed or hung, no cell could be measured)
+  4  internal error (a bug in flaloop: mapped by the CLI from any unexpected exception)
+  130 interrupted (Ctrl-C or SIGTERM)
 """
 
 from __future__ import annotations
@@ -40,3 +42,15 @@ class MeasurementError(FlaloopError):
     """A measurement could not be made (exit 3)."""
 
     exit_code = 3
+
+
+class StorageError(FlaloopError):
+    """A file or directory flaloop needs could not be written: read-only, full disk (exit 2)."""
+
+    exit_code = 2
+
+
+class Busy(FlaloopError):
+    """Another flaloop process holds the op's workspace and --no-wait was given (exit 2)."""
+
+    exit_code = 2

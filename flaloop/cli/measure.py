@@ -16,6 +16,7 @@ from flaloop.bench import record as record_mod
 from flaloop.bench.model import BenchConfig
 from flaloop.cli.app import (
     JsonOpt,
+    LockOptions,
     PyOpt,
     RepoOpt,
     app,
@@ -113,19 +114,21 @@ def parse_gpus(gpus: str | None) -> list[str] | None:
 
 @app.command("gate")
 @command
-@with_options(GateOptions)
+@with_options(GateOptions, LockOptions)
 def gate_cmd(
     op: str,
     k_expr: Annotated[str | None, typer.Option("-k", help="pytest -k subset: a signal only, never a gate.")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Kill pytest after this many seconds.")] = None,
     gate_options: GateOptions = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Run the op's frozen test file as a black box; exit 0 green, 1 red."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
-    result = run_gate_with_progress(target, c, k_expr, timeout, human(as_json), gate_options.workers,
-                                    gate_options.gpu_list())
+    with lock_options.hold(target, op, human(as_json), "gate"):
+        result = run_gate_with_progress(target, c, k_expr, timeout, human(as_json), gate_options.workers,
+                                        gate_options.gpu_list())
     if as_json:
         emit_json({"ok": True, **result.to_dict()})
     else:
@@ -202,19 +205,21 @@ def bench_exit(record: dict) -> int:
 
 @app.command("bench")
 @command
-@with_options(BenchOptions)
+@with_options(BenchOptions, LockOptions)
 def bench_cmd(
     op: str,
     aa: Annotated[bool, typer.Option("--aa", help="Base against itself: the self-check.")] = False,
     bench_options: BenchOptions = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     cfg = bench_options.config(c, aa=aa)
-    record = run_bench_with_progress(target, c, bench_options, cfg, human(as_json), gate=None)
-    record["last_gate"] = last_gate_for(target, op, record["candidate"])
+    with lock_options.hold(target, op, human(as_json), "bench"):
+        record = run_bench_with_progress(target, c, bench_options, cfg, human(as_json), gate=None)
+        record["last_gate"] = last_gate_for(target, op, record["candidate"])
     if as_json:
         emit_json({"ok": True, **record})
     else:
@@ -224,13 +229,14 @@ def bench_cmd(
 
 @app.command("verify")
 @command
-@with_options(GateOptions, BenchOptions)
+@with_options(GateOptions, BenchOptions, LockOptions)
 def verify_cmd(
     op: str,
     k_expr: Annotated[str | None, typer.Option("-k", help="Gate on a pytest -k subset (signal only).")] = None,
     no_gate: Annotated[bool, typer.Option("--no-gate", help="Skip the gate: the result is UNVERIFIED.")] = False,
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Gate first, then the paired benchmark; never a benchmark on a red gate."""
@@ -238,6 +244,12 @@ def verify_cmd(
     c = contract_mod.Contract.load(target, op)
     console = human(as_json)
     cfg = bench_options.config(c)
+    with lock_options.hold(target, op, console, "verify"):
+        _verify(target, c, k_expr, no_gate, gate_options, bench_options, cfg, console, as_json)
+
+
+def _verify(target: Target, c, k_expr: str | None, no_gate: bool, gate_options: GateOptions,
+            bench_options: BenchOptions, cfg: session_mod.BenchConfig, console: Console, as_json: bool) -> None:
     gate_dict = None
     if no_gate:
         console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
