@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -339,3 +340,59 @@ def worktrees(repo: Path) -> list[str]:
     from flaloop.git import list_worktrees
 
     return list_worktrees(repo)
+
+
+# -- processes, through /proc -------------------------------------------------------------------
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[0] not in ("Z", "X")  # a zombie has finished running
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid`."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) and st[0] not in ("Z", "X"):
+            children.setdefault(st[1], []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def procs_mentioning(text: str) -> list[int]:
+    """Living processes whose command line contains `text` (e.g. a test's repo path)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if text.encode() in cmd and alive(int(entry)):
+            out.append(int(entry))
+    return out
+
+
+def wait_for(cond, timeout: float, step: float = 0.1):
+    """Poll `cond` until it returns something truthy (returned) or `timeout` s pass (None)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value or time.monotonic() > deadline:
+            return value or None
+        time.sleep(step)
