@@ -260,7 +260,7 @@ def _wait(proc: subprocess.Popen, events: Path, progress: Progress | None, timeo
 
 def _kill(proc: subprocess.Popen) -> None:
     # SIGINT first: pytest then still writes its summary and JUnit file
-    procs.kill_group(proc, (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
+    procs.kill_popen(proc, (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
 
 
 def _short_summary(path: Path) -> list[str]:

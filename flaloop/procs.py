@@ -2,7 +2,7 @@
 
 Three layers keep a worker or pytest from running on after flaloop is gone:
   1. normal cleanup kills the child's whole process group, SIGTERM then SIGKILL, each wait
-     bounded (`kill_group`);
+     bounded (`kill_group`, `kill_popen`);
   2. `spawn` asks the kernel to SIGKILL the child when its parent dies (Linux
      `prctl(PR_SET_PDEATHSIG)` in a preexec function), which covers a SIGKILL of flaloop;
   3. the child watches its parent itself (`probes/flaloop_lifeline.py`, armed by the bench
@@ -72,26 +72,38 @@ def _pdeathsig(parent: int) -> Callable[[], None]:
     return preexec
 
 
-def kill_group(proc: subprocess.Popen, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGKILL),
-               wait_s: float = 5.0) -> None:
-    """End `proc` and its process group: each signal in turn, waiting at most `wait_s` after each.
+def kill_group(pid: int, alive: Callable[[], bool], wait: Callable[[float], bool],
+               signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGKILL), wait_s: float = 5.0) -> None:
+    """End the process group led by `pid`: each signal in turn, waiting at most `wait_s` after each.
 
-    The group is signalled even when `proc` itself has exited already: pytest-xdist workers or a
-    worker's helpers may still be in it.
+    `alive()` says whether the leader still runs, `wait(t)` waits up to t seconds for it to end.
+    The group is signalled even after its leader exited: pytest-xdist workers, or a worker's
+    helpers, may still be in it.
     """
     for sig in signals:
+        if not alive() and not _group_alive(pid):
+            return
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
-            break  # no process of the group is left
+            return  # no process of the group is left
+        if wait(wait_s) and not _group_alive(pid):
+            return
+
+
+def kill_popen(proc: subprocess.Popen, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGKILL),
+               wait_s: float = 5.0) -> None:
+    """`kill_group` for a child started by `spawn`; it is reaped too."""
+
+    def wait(t: float) -> bool:
         try:
-            proc.wait(timeout=wait_s)
+            proc.wait(timeout=t)
+            return True
         except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGKILL or not _group_alive(proc.pid):
-            break
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=wait_s)
+            return False
+
+    kill_group(proc.pid, lambda: proc.poll() is None, wait, signals, wait_s)
+    wait(wait_s)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -125,6 +137,10 @@ class CappedLog:
         self._read, self.fd = os.pipe()
         self._thread = threading.Thread(target=self._pump, daemon=True, name=f"log-{path.name}")
         self._thread.start()
+
+    def fileno(self) -> int:
+        """The write end, for the child (Popen's stdout/stderr accept this object)."""
+        return self.fd
 
     def started(self) -> None:
         if self.fd >= 0:

@@ -82,10 +82,10 @@ def run_probe(python: str, root: Path, args: list[str], timeout: float = 600) ->
             try:
                 stdout, stderr = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired as exc:
-                procs.kill_group(proc)
+                procs.kill_popen(proc)
                 raise UsageError(f"probing the target with {python} took longer than {timeout:.0f}s") from exc
             except BaseException:
-                procs.kill_group(proc)
+                procs.kill_popen(proc)
                 raise
         try:
             return json.loads(out.read_text())

@@ -9,12 +9,14 @@ until then its processes wait on their stdin, idle.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
+from flaloop import fsutil
 from flaloop.bench.workers import ForkServer, Worker, WorkerFailed
-from flaloop.errors import MeasurementError
+from flaloop.errors import MeasurementError, StorageError
 
 SIDES = ("base", "cand")
 
@@ -70,13 +72,8 @@ class WorkerPool:
     def remember_preload(self, hellos: list[dict]) -> None:
         names = sorted({m for h in hellos for m in (h.get("preload") or [])})
         if names:
-            try:
-                self.preload_file.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.preload_file.with_suffix(".tmp")
-                tmp.write_text(json.dumps(names))
-                os.replace(tmp, self.preload_file)
-            except OSError:
-                pass
+            with contextlib.suppress(StorageError):  # a cache: the next run just preloads less
+                fsutil.atomic_write_json(self.preload_file, names, indent=None)
 
     # -- pairs --
 

@@ -249,7 +249,7 @@ def verify_cmd(
 
 
 def _verify(target: Target, c, k_expr: str | None, no_gate: bool, gate_options: GateOptions,
-            bench_options: BenchOptions, cfg: session_mod.BenchConfig, console: Console, as_json: bool) -> None:
+            bench_options: BenchOptions, cfg: BenchConfig, console: Console, as_json: bool) -> None:
     gate_dict = None
     if no_gate:
         console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
