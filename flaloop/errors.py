@@ -13,14 +13,16 @@ from __future__ import annotations
 
 
 class FlaloopError(Exception):
-    """Base class: `message` says what was wrong, `hint` what to do next."""
+    """Base class: `message` says what was wrong, `hint` what to do next; `detail` (a traceback
+    from a worker, a long log) is shown only with --debug."""
 
     exit_code = 2
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, detail: str | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.detail = detail
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"

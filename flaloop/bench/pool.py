@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 from flaloop import fsutil
@@ -23,6 +24,14 @@ SIDES = ("base", "cand")
 
 def _inside(path: str | None, tree: Path) -> bool:
     return bool(path) and os.path.realpath(path).startswith(os.path.realpath(tree) + os.sep)
+
+
+def _raised_at(traceback_text: str, tree: Path) -> str:
+    """' (at path:line)' of the innermost frame of a traceback that lies inside `tree`."""
+    root = os.path.realpath(tree) + os.sep
+    spots = [(f, n) for f, n in re.findall(r'File "([^"]+)", line (\d+)', traceback_text)
+             if os.path.realpath(f).startswith(root)]
+    return f" (at {os.path.relpath(os.path.realpath(spots[-1][0]), root)}:{spots[-1][1]})" if spots else ""
 
 
 class WorkerPool:
@@ -102,8 +111,11 @@ class WorkerPool:
             w.hello = w.request("hello", self.setup_timeout)
             hellos[side] = w.hello
             if not w.hello.get("ok"):
-                raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}",
-                                       w.hello.get("traceback", "")[-2000:])
+                tb = w.hello.get("traceback", "")
+                raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}"
+                                       f"{_raised_at(tb, w.tree)}",
+                                       "fix the import in that tree (rerun with --debug for the worker's traceback)",
+                                       detail=tb[-4000:])
             for key in ("op_module_file", "op_func_file"):
                 if not _inside(w.hello.get(key), w.tree):
                     raise MeasurementError(

@@ -79,6 +79,8 @@ def emit_json(doc: dict) -> None:
 def _report(exc: FlaloopError, as_json: bool) -> None:
     if settings.debug:
         err.print(traceback.format_exc())
+        if exc.detail:
+            err.print(exc.detail)
     if as_json:
         emit_json({"ok": False, "error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code})
     err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True)
