@@ -169,20 +169,22 @@ def worktree(root: Path, commit: str, name: str = "base") -> Iterator[Path]:
     that was killed outright (SIGKILL, power loss) is found and removed by the next run
     (`reap_stale_worktrees`), and `git worktree prune` never takes it from a live run.
     """
-    with procs.deferred_interrupts():  # created and locked, or not at all
-        tmp = neutral_tempdir("flaloop-wt-")
-        path = tmp / name
-        proc = _git(root, "worktree", "add", "--detach", "--quiet", "--lock", "--reason", lock_reason(),
-                    str(path), commit, check=False)
-        if proc.returncode != 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            require_commit(root, commit, "the base commit")
-            raise UsageError(f"git could not make a worktree of {commit[:12]} in {tmp}: {proc.stderr.strip()}")
+    path = None
     try:
+        with procs.deferred_interrupts():  # created and locked, or not at all; an interrupt waits
+            tmp = neutral_tempdir("flaloop-wt-")
+            proc = _git(root, "worktree", "add", "--detach", "--quiet", "--lock", "--reason", lock_reason(),
+                        str(tmp / name), commit, check=False)
+            if proc.returncode != 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                require_commit(root, commit, "the base commit")
+                raise UsageError(f"git could not make a worktree of {commit[:12]} in {tmp}: {proc.stderr.strip()}")
+            path = tmp / name
         yield path
     finally:
-        with procs.deferred_interrupts():
-            remove_worktree(root, path)
+        if path is not None:  # (an interrupt held above is raised inside this try: still removed)
+            with procs.deferred_interrupts():
+                remove_worktree(root, path)
 
 
 def lock_reason() -> str:

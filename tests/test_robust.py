@@ -163,3 +163,47 @@ def test_two_ops_of_one_repo_run_side_by_side(toy):
     rec_a, rec_b = json.loads(out_a), json.loads(out_b)
     assert "/profile/toy_attn-opt/runs/" in rec_a["path"] and "/profile/toy_log-opt/runs/" in rec_b["path"]
     assert worktrees(toy) == [str(toy)]
+
+
+# -- the plumbing, in small ------------------------------------------------------------------------
+
+SIGNALS = """
+import os, signal
+from flaloop import procs
+procs.install_signal_handlers()
+try:
+    with procs.deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        print("inside: still running", flush=True)
+    print("BUG: not raised", flush=True)
+except KeyboardInterrupt:
+    print("raised when the block ended", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+print("second: ignored", flush=True)
+os.kill(os.getpid(), signal.SIGINT)
+print("third: ignored", flush=True)
+"""
+
+
+def test_an_interrupt_is_held_in_a_deferred_block_and_later_ones_only_say_wait():
+    r = subprocess.run([sys.executable, "-c", SIGNALS], capture_output=True, text=True, timeout=60)
+    assert r.stdout.splitlines() == ["inside: still running", "raised when the block ended", "second: ignored",
+                                     "third: ignored"], r.stdout + r.stderr
+    assert r.stderr.count("cleaning up, please wait") == 1
+
+
+def test_a_chatty_child_cannot_grow_its_log_past_the_cap(tmp_path):
+    from flaloop import procs
+
+    log = procs.CappedLog(tmp_path / "child.stderr", head=100_000, tail=10_000)
+    chatty = "import sys\nfor i in range(40000): sys.stderr.write(f'line {i:06d} of chatter\\n')\n"
+    proc = procs.spawn([sys.executable, "-c", chatty], stderr=log)
+    log.started()
+    proc.wait(timeout=60)
+    log.drain()
+    assert log.tail(100).rstrip().endswith("line 039999 of chatter")
+    log.close()
+    text = (tmp_path / "child.stderr").read_text()
+    assert text.startswith("line 000000 of chatter")
+    assert "bytes of output dropped here" in text and text.rstrip().endswith("line 039999 of chatter")
+    assert len(text) < 100_000 + 10_000 + 200  # of ~960 kB written
