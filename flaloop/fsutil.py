@@ -32,6 +32,7 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, _mode_for(path))  # mkstemp makes 0600; keep what the file had, or the umask's
         with os.fdopen(fd, "wb") as fh:
             _write(fh, data, str(path))
             fh.flush()
@@ -47,6 +48,15 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
             except OSError:
                 pass
     return path
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
 
 
 def atomic_write_json(path: Path | str, obj, indent: int | None = 1) -> Path:

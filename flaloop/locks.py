@@ -5,7 +5,7 @@ commands) holds `workspace_lock(target, op)`: an exclusive `fcntl.flock` on
 `profile/<op>-opt/.lock`. A second command on the same op waits, saying whom it waits for
 (the holder writes its pid, host, command and start time into the file), or fails at once
 with `wait=False` (`--no-wait`, exit 2). Different ops of one repo have different workspaces
-and run side by side.
+and run side by side. Taking it again inside a block that holds it is a no-op.
 
 flock belongs to the open file: the kernel drops it when the holder exits however it exits
 (SIGKILL included), so a lock is never left stale. The file itself is never deleted (deleting
@@ -30,6 +30,9 @@ from flaloop import fsutil, git
 from flaloop.errors import Busy
 
 LOCK_NAME = ".lock"
+# Locks this process holds. flock conflicts between two descriptors of one process, so taking a
+# held lock again would wait for ourselves forever; nested use is allowed instead.
+_HELD: dict[str, Holder] = {}
 
 
 @dataclass
@@ -66,6 +69,10 @@ def workspace_lock(target, op: str, wait: bool = True, command: str | None = Non
     ws = target.workspace(op)
     path = ws / LOCK_NAME
     rel = os.path.relpath(ws, target.root) + "/"
+    key = os.path.realpath(path)
+    if key in _HELD:  # nested in this process (a command calling another's code): already ours
+        yield _HELD[key]
+        return
     if not ws.exists():  # git ignores the workspace before anything lands in it
         git.ensure_ignored(target.root, os.path.relpath(ws, target.root))
     try:
@@ -91,9 +98,11 @@ def workspace_lock(target, op: str, wait: bool = True, command: str | None = Non
         with contextlib.suppress(OSError):  # the info is a courtesy; the flock is the lock
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(asdict(me)).encode(), 0)
+        _HELD[key] = me
         try:
             yield me
         finally:
+            del _HELD[key]
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
     finally:

@@ -224,6 +224,9 @@ def test_a_full_disk_keeps_the_old_contract_and_reports_the_lost_run_record(toy)
     refused(r, 2, "cannot write", "contract.json: No space left on device", "free some disk space")
     assert path.read_bytes() == before  # the old contract, whole
     assert not list(path.parent.glob(".contract.json.*"))  # and no half-written temp file
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask  # atomic writes keep ordinary permissions
     r = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, env={"FLALOOP_TEST_ENOSPC": "record.json"})
     refused(r, 2, "record.json: No space left on device")
     assert r.json["exit_code"] == 2
