@@ -178,10 +178,13 @@ class Target:
             else:
                 ans = run_probe(self.python, self.root, ["registry", "--registry", str(self.registry_file)])
                 if not ans.get("ok"):
+                    rel = self.registry_file.relative_to(self.root)
+                    error = str(ans.get("error"))
+                    missing = error.startswith(("ModuleNotFoundError", "ImportError"))
                     raise UsageError(
-                        f"could not import the registry {self.registry_file.relative_to(self.root)} "
-                        f"with {self.python}: {ans.get('error')}",
-                        "check that this interpreter has the target's dependencies (torch), or pass --python",
+                        f"could not import the registry {rel} with {self.python}: {error}",
+                        "check that this interpreter has the target's dependencies (torch), or pass --python"
+                        if missing else f"fix {rel} where the error points",
                     )
                 self._registry = ans
         return self._registry
