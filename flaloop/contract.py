@@ -55,6 +55,10 @@ class Contract:
     langs: list[str] = field(default_factory=lambda: ["triton"])
     input_overrides: dict[str, str] = field(default_factory=dict)
     varlen: bool = False
+    # justified exceptions to guard rules, each {"rule", "why", "added"}: `flaloop audit OP --allow RULE --why ...`
+    allowed: list[dict] = field(default_factory=list)
+    # The loop's iteration cap (flaloop iter refuses past it; `flaloop stop` decides then).
+    max_iters: int = 20
     created: str = ""
     flaloop_version: str = __version__
     schema: int = SCHEMA
@@ -101,6 +105,13 @@ class Contract:
             raise UsageError(f"{rel} is the contract of {c.op!r}, not {op!r}", redo)
         git.require_commit(target.root, c.base_commit, f"the base commit of {rel} ({c.base_ref})")
         return c
+
+    def allow(self, rule: str, why: str) -> dict:
+        """Record a justified exception to a guard rule (replacing an earlier one for the same rule)."""
+        entry = {"rule": rule, "why": why,
+                 "added": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        self.allowed = [a for a in self.allowed if a.get("rule") != rule] + [entry]
+        return entry
 
     def save(self, target: Target) -> Path:
         return fsutil.atomic_write_text(self.path(target, self.op), json.dumps(self.to_dict(), indent=2) + "\n")
@@ -272,8 +283,11 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shapes: list[str] | None,
-           langs: list[str], modes: list[str], overrides: dict[str, str], varlen: bool = False) -> Contract:
+           langs: list[str], modes: list[str], overrides: dict[str, str], varlen: bool = False,
+           max_iters: int = 20) -> Contract:
     base_commit = git.resolve_ref(target.root, base_ref)
+    if max_iters < 1:
+        raise UsageError(f"--max-iters {max_iters}: need at least 1", "e.g. --max-iters 20")
     bad = [lang for lang in langs if lang not in LANGS]
     if bad:
         raise UsageError(f"unknown language(s) {', '.join(bad)}", f"choose from {', '.join(LANGS)}")
@@ -297,7 +311,7 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         signature=probe["signature"], parameters=probe["parameters"], base_ref=base_ref,
         base_commit=base_commit, test_file=spec.test_file, frozen=frozen, target_speedup=speedup,
         shapes=list(shapes or known_shapes), modes=list(modes), langs=list(langs),
-        input_overrides=overrides, varlen=varlen,
+        input_overrides=overrides, varlen=varlen, max_iters=max_iters,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
     dirty = changed_frozen(target, contract)
@@ -328,6 +342,7 @@ read; this page is for people. Edit the prose freely; change the contract with
 - Modes: {", ".join(c.modes)}
 - Variable-length (packed `cu_seqlens`) cells: {"yes, one per shape" if c.varlen else "no"}
 - Input transforms overridden for the bench: {overrides}
+- Iteration cap: {c.max_iters} iterations of `flaloop iter`
 
 ## Allowed languages
 {", ".join(c.langs)}
@@ -349,7 +364,44 @@ read; this page is for people. Edit the prose freely; change the contract with
 | file | why | sha256 |
 | --- | --- | --- |
 {frozen}
-"""
+
+{render_allowed(c)}"""
+
+
+ALLOWED_HEADING = "## Allowed guard exceptions"
+
+
+def render_allowed(c: Contract) -> str:
+    """The draft's section on guard rules this task may break, and why (docs/GUARD.md has the rules)."""
+    if not c.allowed:
+        body = ("None. Every guard rule applies (docs/GUARD.md). An exception is recorded with\n"
+                f"`flaloop audit {c.op} --allow RULE --why \"...\"` and listed here.")
+    else:
+        rows = "\n".join(f"| `{a.get('rule')}` | {_cell(a.get('why', ''))} | {a.get('added', '')} |"
+                         for a in c.allowed)
+        body = ("Findings of these rules are shown as allowed, not blocking. Each was recorded with\n"
+                f"`flaloop audit {c.op} --allow RULE --why ...`.\n\n| rule | why | added |\n| --- | --- | --- |\n{rows}")
+    return f"{ALLOWED_HEADING}\n{body}\n"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def update_draft_allowed(target: Target, c: Contract) -> Path | None:
+    """Rewrite only the allowances section of docs/draft.md, keeping any prose the user edited."""
+    path = target.workspace(c.op) / "docs" / "draft.md"
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    section = render_allowed(c)
+    start = text.find(ALLOWED_HEADING)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        nxt = text.find("\n## ", start + len(ALLOWED_HEADING))
+        text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
+    return fsutil.atomic_write_text(path, text)
 
 
 def write(target: Target, contract: Contract, force: bool) -> tuple[Path, Path]:

@@ -1,6 +1,11 @@
-"""`flaloop demo`: the whole loop on the bundled example, examples/minifla, in a scratch repo.
+"""`flaloop demo`: the optimization loop on the bundled example, examples/minifla, in a scratch repo.
 
-Each step is the real command a user would type, run as a subprocess and shown before it runs.
+Each step is the real command a user would type, run as a subprocess and shown before it runs:
+the contract, two ways the gate says no (a kernel bug, a loosened tolerance), the baseline, an
+honest speedup that is kept, a cheat that is dropped, two changes that gain nothing and are
+reverted, the stall rule refusing a third, the re-assessment that releases it, and the status.
+On the CPU the example's Triton kernels run in the interpreter (TRITON_INTERPRET=1), where a
+larger chunk means fewer interpreted loop iterations: a real speedup, measured as one.
 The scratch repo lives in a neutral temp dir and is removed at the end unless --keep is given.
 """
 
@@ -22,12 +27,24 @@ from flaloop.errors import UsageError
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "minifla"
 OP = "chunk_linear_attn"
 TINY = "B1_T64_H2_D32"
+CHUNK = Path("minifla/ops/linear_attn/chunk.py")
+# Few pairs, one round: the demo's speed differences are large (x1.5 and more), and it must stay short.
+QUICK = ["--min-pairs", "4", "--max-pairs", "6", "--rounds", "1", "--cell-seconds", "20"]
+IDENTITY = {"GIT_AUTHOR_NAME": "demo", "GIT_AUTHOR_EMAIL": "demo@localhost",
+            "GIT_COMMITTER_NAME": "demo", "GIT_COMMITTER_EMAIL": "demo@localhost"}
+# A cheat the tests cannot see: zeros at exactly the bench's shape and dtype. The guard's static
+# rule `shape-branch` names it (a branch on a literal shape value the registry uses) before any
+# bench runs; were it spelled so that no rule read it, the bench's base-versus-candidate check
+# would block the cell (differs-from-base).
+CHEAT = ("    _, T, H, K = q.shape\n",
+         "    _, T, H, K = q.shape\n"
+         "    if q.dtype == torch.bfloat16 and T == 64:  # the bench's shape and dtype; the tests use others\n"
+         "        return torch.zeros_like(v), None\n")
 
 
-def _sh(console: Console, repo: Path, args: list[str], expect: int | tuple[int, ...] = 0,
-        env: dict | None = None) -> int:
+def _sh(console: Console, repo: Path, args: list[str], expect: int | tuple[int, ...] = 0) -> int:
     console.rule(f"$ flaloop {shlex.join(args)}", style="cyan")
-    proc = subprocess.run([sys.executable, "-m", "flaloop", *args], cwd=repo, env={**os.environ, **(env or {})})
+    proc = subprocess.run([sys.executable, "-m", "flaloop", *args], cwd=repo, env={**os.environ, **IDENTITY})
     expected = (expect,) if isinstance(expect, int) else expect
     mark = "as expected" if proc.returncode in expected else f"UNEXPECTED (wanted {expected})"
     console.print(f"[dim]exit {proc.returncode}: {mark}[/]", markup=True)
@@ -43,49 +60,83 @@ def _replace(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
+def _say(console: Console, title: str, text: str) -> None:
+    console.print(f"\n[bold]{escape(title)}[/] {escape(text)}", markup=True)
+
+
 def run_demo(console: Console, keep: Path | None = None) -> Path | None:
     if not EXAMPLE.is_dir():
         raise UsageError(f"the bundled example is missing at {EXAMPLE}", "run the demo from a flaloop checkout")
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the example's Triton kernels run on the CPU
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # two bench workers share the cores; don't let torch spin
     scratch = git.neutral_tempdir("flaloop-demo-") if keep is None else keep
     repo = scratch / "minifla"
     if repo.exists():
         raise UsageError(f"{repo} already exists", "pass another --keep directory")
     try:
         shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        env = {**os.environ, "GIT_AUTHOR_NAME": "demo", "GIT_AUTHOR_EMAIL": "demo@localhost",
-               "GIT_COMMITTER_NAME": "demo", "GIT_COMMITTER_EMAIL": "demo@localhost"}
+        env = {**os.environ, **IDENTITY}
         for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
             subprocess.run(["git", *args], cwd=repo, check=True, env=env)
         console.print(f"scratch repo: {repo} (a git copy of examples/minifla)")
+        chunk, test = repo / CHUNK, repo / "tests" / "ops" / "test_linear_attn.py"
 
-        _sh(console, repo, ["list"])
-        _sh(console, repo, ["init", OP, "--target", "1.1x", "--shapes", TINY])
-        _sh(console, repo, ["gate", OP])
+        _sh(console, repo, ["init", OP, "--target", "1.2x", "--shapes", TINY, "--modes", "fwd"])
 
-        console.print("\n[bold]Plant a kernel bug:[/] the forward kernel skips the store of its last "
-                      "chunk; NaN poisoning must catch it.", markup=True)
-        chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"
+        _say(console, "The gate says no (1/2):", "the forward kernel skips the store of its last chunk; "
+             "the test's NaN poisoning catches it.")
         original = chunk.read_text()
         plant_unwritten_tail(chunk)
         _sh(console, repo, ["gate", OP], expect=1)
         chunk.write_text(original)
-
-        console.print("\n[bold]Loosen the test's tolerance:[/] the frozen set catches it.", markup=True)
-        test = repo / "tests" / "ops" / "test_linear_attn.py"
+        _say(console, "The gate says no (2/2):", "the test's tolerance is loosened; the frozen set catches it "
+             "before pytest runs.")
         test_original = test.read_text()
         _replace(test, "torch.float32: 0.005,", "torch.float32: 0.5,")
         _sh(console, repo, ["gate", OP], expect=1)
         test.write_text(test_original)
 
-        console.print("\n[bold]A/A benchmark:[/] base against itself, paired and interleaved.", markup=True)
-        _sh(console, repo, ["bench", OP, "--aa", "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "12",
-                            "--cell-seconds", "60"], expect=(0, 3))
-        console.print("\n[bold]verify:[/] gate first, then the paired benchmark of the working tree.", markup=True)
-        _sh(console, repo, ["verify", OP, "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "12",
-                            "--cell-seconds", "60"], expect=(0, 3))
-        console.print(f"\n[green]demo finished[/]: workspace {escape(str(repo / 'profile' / (OP + '-opt')))}",
-                      markup=True)
+        _say(console, "Phase 1, the baseline:", "the full gate on the base and one timed run of it (base "
+             "against itself, which also checks the harness); OPT_LOG.md gets its header and row 0.")
+        _sh(console, repo, ["baseline", OP, *QUICK])
+
+        _say(console, "An honest speedup:", "chunks of 64 timesteps instead of 32 halve the sequential "
+             "loop of every kernel. One iteration: gate, guard, bench, a row, a commit.")
+        _replace(chunk, "CHUNK_SIZE = 32", "CHUNK_SIZE = 64")
+        _sh(console, repo, ["iter", OP, "chunk size 32 -> 64: half the sequential steps", *QUICK])
+
+        _say(console, "A cheat:", "skip the kernel and return zeros at the bench's shape and dtype, which no "
+             "test case uses. The gate stays green; the guard's static rules name the special case "
+             "(shape-branch) and nothing is benchmarked. It is still logged and committed, then reverted.")
+        _replace(chunk, *CHEAT)
+        _sh(console, repo, ["iter", OP, "skip the work at T=64", *QUICK], expect=1)
+
+        _say(console, "No gain (1/3):", "chunks of 16 mean twice the steps of the kept version: slower than "
+             "the best, so it is reverted; history keeps the attempt.")
+        _replace(chunk, "CHUNK_SIZE = 64", "CHUNK_SIZE = 16")
+        _sh(console, repo, ["iter", OP, "chunk size 64 -> 16: smaller tiles", *QUICK])
+        _say(console, "No gain (2/3):", "back to chunks of 32: still slower than the kept 64.")
+        _replace(chunk, "CHUNK_SIZE = 64", "CHUNK_SIZE = 32")
+        _sh(console, repo, ["iter", OP, "chunk size 64 -> 32: the original tiles", *QUICK])
+        _say(console, "No gain (3/3):", "three iterations in a row without a keep (the drop counts): the "
+             "loop refuses the next one until the situation is re-assessed.")
+        _replace(chunk, "CHUNK_SIZE = 64", "CHUNK_SIZE = 128")
+        _sh(console, repo, ["iter", OP, "chunk size 64 -> 128", *QUICK], expect=1)
+        _say(console, "Re-assess:", "what was re-profiled, what the log shows as tried, what is next and why. "
+             "(The refused change is still in the working tree: a refusal touches nothing.)")
+
+        _sh(console, repo, ["reassess", OP, "--profiled", "the interpreter spends its time in the chunk loop",
+                            "--tried", "chunk size in both directions",
+                            "--next", "fuse the backward sweeps into one kernel",
+                            "--why", "each kernel re-walks the sequence; one walk would do"])
+        _sh(console, repo, ["status", OP])
+        _sh(console, repo, ["header", OP, "--iter", "1"])
+        log = repo / "profile" / f"{OP}-opt" / "OPT_LOG.md"
+        console.rule(f"{log.relative_to(repo)}", style="cyan")
+        console.print(log.read_text())
+        console.rule("git log --oneline", style="cyan")
+        subprocess.run(["git", "log", "--oneline"], cwd=repo)
+        console.print(f"\n[green]demo finished[/]: workspace {escape(str(log.parent))}", markup=True)
         return repo if keep else None
     finally:
         if keep is None:

@@ -56,3 +56,9 @@ class Busy(FlaloopError):
     """Another flaloop process holds the op's workspace and --no-wait was given (exit 2)."""
 
     exit_code = 2
+
+
+class RuleRefused(FlaloopError):
+    """A rule of the optimization loop says no: stalled, a stop bar not met, a hand-edited log row (exit 1)."""
+
+    exit_code = 1

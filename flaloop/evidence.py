@@ -1,9 +1,14 @@
 """Environment fingerprint and GPU clock evidence, read through NVML (nvidia-ml-py).
 
-The orchestrator never imports torch; the workers report torch/triton/CUDA versions and the
-device UUID in their hello, and this module reads clocks and throttle reasons of the GPU with
-that UUID. Without NVML (CPU runs, or the package missing) every reading is None and the bench
-says so instead of guessing.
+The orchestrator never imports torch; the workers report torch/triton/CUDA (and TileLang /
+CuTe DSL) versions and the device UUID in their hello, and this module reads clocks, throttle
+reasons, temperature, power and the other processes of the GPU with that UUID. Without NVML
+(CPU runs, or the package missing) every reading is None and the evidence says why
+("no GPU", "NVML unavailable: ...") instead of guessing.
+
+Two summaries go into a run record: `idle_evidence(clocks)` before measuring (is the GPU idle,
+at full clock, cool, alone?) as `record["env"]["idle"]`, and `during_evidence(readings)` over
+the readings taken around the pairs as `record["env"]["during"]`.
 """
 
 from __future__ import annotations
@@ -11,11 +16,31 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 # Throttle reasons that mean "this pair was not measured at the clock you think": everything
 # but GPU idle and the applications-clocks setting (which is just the configured ceiling).
 _BENIGN_THROTTLE = 0x1 | 0x2
+# NVML's clocks-event (throttle) reason bits.
+THROTTLE_NAMES = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
+}
+# Below this fraction of its max SM clock, an idle GPU is not "at clock" (cf. BenchConfig.clock_floor).
+IDLE_CLOCK_FLOOR = 0.75
+
+
+def throttle_names(mask: int | None) -> list[str]:
+    if not mask:
+        return []
+    names = [name for bit, name in THROTTLE_NAMES.items() if mask & bit]
+    rest = mask & ~sum(THROTTLE_NAMES)
+    return names + ([f"0x{rest:x}"] if rest else [])
 
 
 @dataclass(frozen=True)
@@ -94,6 +119,31 @@ class Clocks:
             temperature_c=temp, power_w=power,
         )
 
+    def processes(self) -> list[dict] | None:
+        """Compute and graphics processes on this GPU (pid, used memory), None without NVML."""
+        if not self.available:
+            return None
+        n, h = self._nvml, self._handle
+        seen: dict[int, dict] = {}
+        for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            try:
+                procs = getattr(n, getter)(h)
+            except Exception:  # noqa: BLE001 - not every driver answers both
+                continue
+            for p in procs:
+                mem = getattr(p, "usedGpuMemory", None)
+                seen[int(p.pid)] = {"pid": int(p.pid), "used_mib": round(mem / 2**20) if mem else None,
+                                    "kind": "compute" if "Compute" in getter else "graphics"}
+        return sorted(seen.values(), key=lambda d: d["pid"])
+
+    def mem_max_mhz(self) -> int | None:
+        if not self.available:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetMaxClockInfo(self._handle, self._nvml.NVML_CLOCK_MEM))
+        except Exception:  # noqa: BLE001
+            return None
+
     def driver(self) -> str | None:
         if not self._nvml:
             return None
@@ -114,7 +164,124 @@ def fingerprint(hello: dict, clocks: Clocks) -> dict:
         "cuda": hello.get("cuda_runtime"),
         "torch": hello.get("torch"),
         "triton": hello.get("triton"),
+        "tilelang": hello.get("tilelang"),
+        "cutlass": hello.get("cutlass"),
         "python": hello.get("python"),
         "nvml": clocks.error or "ok",
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+# -- idle and during-measurement evidence -------------------------------------------------------
+
+def _stats(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def _as_dict(r) -> dict | None:
+    if r is None:
+        return None
+    return r.to_dict() if isinstance(r, ClockReading) else dict(r)
+
+
+def _summarize(readings: list[dict]) -> dict:
+    sm = [r["sm_mhz"] for r in readings if r.get("sm_mhz") is not None]
+    sm_max = max((r.get("sm_max_mhz") or 0 for r in readings), default=0) or None
+    mem = [r["mem_mhz"] for r in readings if r.get("mem_mhz") is not None]
+    temp = [r["temperature_c"] for r in readings if r.get("temperature_c") is not None]
+    power = [r["power_w"] for r in readings if r.get("power_w") is not None]
+    masks = [int(r.get("throttle_reasons") or 0) for r in readings]
+    throttled = [m for m in masks if m & ~_BENIGN_THROTTLE]
+    union = 0
+    for m in masks:
+        union |= m
+    return {
+        "available": True, "n_readings": len(readings),
+        "sm_mhz": _stats(sm), "sm_max_mhz": sm_max,
+        "sm_fraction_min": (min(sm) / sm_max) if sm and sm_max else None,
+        "mem_mhz": _stats(mem), "temperature_c": _stats(temp), "power_w": _stats(power),
+        "throttle_reasons": throttle_names(union), "n_throttled": len(throttled),
+    }
+
+
+def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: int = 5,
+                  interval_s: float = 0.1) -> dict:
+    """The GPU before measuring: clocks, memory clock, temperature, power, throttle reasons and
+    the processes on it that are not ours (`own_pids`: the bench workers).
+
+    `idle` is True when the SM clock stands at >= 75% of its max (or the GPU reports itself idle,
+    which parks the clock legitimately), nothing but benign reasons throttle it, and no other
+    process holds the GPU.
+    """
+    if clocks is None or not clocks.available:
+        return {"available": False, "reason": (clocks.error if clocks is not None else None) or "no GPU"}
+    readings = []
+    for i in range(max(1, samples)):
+        r = clocks.read()
+        if r is not None:
+            readings.append(r.to_dict())
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    if not readings:
+        return {"available": False, "reason": "NVML gave no reading"}
+    out = _summarize(readings)
+    ours = {int(p) for p in own_pids}
+    procs = clocks.processes() or []
+    others = [p for p in procs if p["pid"] not in ours]
+    idle_clock = any(int(r.get("throttle_reasons") or 0) & 0x1 for r in readings)
+    at_clock = (out["sm_fraction_min"] or 0) >= IDLE_CLOCK_FLOOR or idle_clock
+    out.update(mem_max_mhz=clocks.mem_max_mhz(), other_processes=others, own_processes=sorted(ours),
+               idle=bool(at_clock and not out["n_throttled"] and not others))
+    why = []
+    if not at_clock:
+        why.append(f"SM clock at {out['sm_fraction_min']:.0%} of max")
+    if out["n_throttled"]:
+        why.append("throttled: " + ", ".join(out["throttle_reasons"]))
+    if others:
+        why.append(f"{len(others)} other process(es) on the GPU: " + ", ".join(str(p["pid"]) for p in others))
+    out["not_idle_because"] = why
+    return out
+
+
+def during_evidence(readings: Iterable) -> dict:
+    """Summary of the clock readings taken around the pairs (ClockReading or its dict; None
+    entries are readings NVML could not give). A CPU run, or one without NVML, says so."""
+    rs = [d for d in (_as_dict(r) for r in readings) if d]
+    if not rs:
+        return {"available": False, "reason": "no GPU clock readings (CPU run or NVML unavailable)"}
+    out = _summarize(rs)
+    below = [r for r in rs if r.get("sm_max_mhz") and r["sm_mhz"] / r["sm_max_mhz"] < IDLE_CLOCK_FLOOR]
+    out["n_below_floor"] = len(below)
+    return out
+
+
+def readings_of(record: dict) -> list[dict]:
+    """Every clock reading a run record holds (before and after each pair of every cell)."""
+    out = []
+    for cell in record.get("cells") or []:
+        for p in cell.get("pairs") or []:
+            out.extend(r for r in (p.get("clock_before"), p.get("clock_after")) if r)
+    return out
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES would name them to a child: the
+    variable's own entries when it is set, else one index per device NVML (or nvidia-smi) sees;
+    [] on a machine without a GPU."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [x.strip() for x in env.split(",") if x.strip() and x.strip() != "-1"]
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # noqa: BLE001 - no NVML: ask nvidia-smi, else there is no GPU
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]

@@ -99,6 +99,8 @@ class GateResult:
     log_path: str | None
     started: str
     wall_s: float
+    key: str | None = None           # what a later identical gate would have to match (reuse_key)
+    reused_from: str | None = None   # `started` of the recorded green gate this result reuses
 
     @property
     def signal_only(self) -> bool:
@@ -117,6 +119,18 @@ class GateResult:
             d["run"].pop("outcomes", None)
             d["run"].pop("junit_ids", None)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GateResult:
+        run = d.get("run")
+        known_run = set(PytestRun.__dataclass_fields__)
+        return cls(
+            op=d["op"], test_file=d["test_file"], k_expr=d.get("k_expr"), green=d["green"],
+            findings=[Finding(**f) for f in d.get("findings") or []], stripped_env=d.get("stripped_env") or {},
+            tree=d["tree"], base_commit=d["base_commit"],
+            run=PytestRun(**{"outcomes": {}, **{k: v for k, v in run.items() if k in known_run}}) if run else None,
+            baseline=d.get("baseline"), log_path=d.get("log_path"), started=d["started"], wall_s=d.get("wall_s", 0.0),
+            key=d.get("key"), reused_from=d.get("reused_from"))
 
 
 # -- environment --------------------------------------------------------------------------------
@@ -323,6 +337,43 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     return {**data, "cached": False}
 
 
+# -- reuse of a recorded green gate -------------------------------------------------------------
+
+# Variables that describe the shell, not the test run: they never make two gates differ.
+VOLATILE_ENV = ("PWD", "OLDPWD", "SHLVL", "_", "TERM", "TERM_PROGRAM", "COLUMNS", "LINES", "PS1", "PS2",
+                "HISTFILE", "LS_COLORS", "DISPLAY", "SSH_*", "TMUX*", "STY", "WINDOW", "COLORTERM", "FLALOOP_*",
+                "OUT", "LESS*", "PAGER", "EDITOR", "VISUAL", "MAIL", "LOGNAME", "USER", "HOSTNAME")
+
+
+def reuse_key(target: Target, contract: Contract, k_expr: str | None, env: dict[str, str], tree: dict) -> str:
+    """What a gate depends on: the tree state (HEAD and a hash of every uncommitted change), the
+    contract (base commit, test file, frozen hashes), the environment of the test process and the
+    interpreter (its path, size and modification time), and the -k selection."""
+    try:
+        st = os.stat(os.path.realpath(shutil.which(target.python) or target.python))
+        interp = [os.path.realpath(shutil.which(target.python) or target.python), st.st_size, st.st_mtime_ns]
+    except OSError:
+        interp = [target.python]
+    relevant = {k: v for k, v in env.items() if not _is_weakening(k, VOLATILE_ENV)}
+    doc = {"tree": [tree.get("head"), tree.get("dirty"), tree.get("diff_hash")],
+           "contract": [contract.base_commit, contract.test_file, [[f.path, f.sha256] for f in contract.frozen]],
+           "env": sorted(relevant.items()), "python": interp, "k": k_expr}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _green_cache(target: Target, op: str, key: str) -> Path:
+    return target.workspace(op) / "gate" / f"green-{key}.json"
+
+
+def recorded_green(target: Target, op: str, key: str) -> GateResult | None:
+    p = _green_cache(target, op, key)
+    try:
+        result = GateResult.from_dict(json.loads(p.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return result if result.green and result.key == key else None
+
+
 # -- the gate -----------------------------------------------------------------------------------
 
 def _failure_summary(run: PytestRun) -> str:
@@ -371,15 +422,27 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Fin
 
 def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
              progress: Progress | None = None, baseline_progress: Progress | None = None,
-             timeout: float | None = None, workers: int = 0, gpus: list[str] | None = None) -> GateResult:
+             timeout: float | None = None, workers: int = 0, gpus: list[str] | None = None,
+             regate: bool = False) -> GateResult:
     """Run the gate. `workers` > 0 spreads the candidate's run over pytest-xdist workers (Triton
-    compiles in parallel: a cold FLA gate is compile-bound); `gpus` pins worker i to gpus[i % n]."""
+    compiles in parallel: a cold FLA gate is compile-bound); `gpus` pins worker i to gpus[i % n].
+
+    A recorded green gate whose `reuse_key` equals this one's (same tree state, contract, frozen
+    hashes, environment and interpreter) is returned instead of running pytest again, marked
+    `reused_from`; `regate` always runs it."""
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
     env, stripped, watch = clean_env(target.extra_strip_env())
     ws = target.workspace(contract.op)
     stamp = started.replace(":", "").replace("-", "").replace("+0000", "Z")
     tree = git.tree_state(target.root)
+    key = reuse_key(target, contract, k_expr, env, tree)
+    if not regate:
+        prior = recorded_green(target, contract.op, key)
+        if prior is not None and not changed_frozen(target, contract):
+            prior.reused_from, prior.stripped_env, prior.wall_s = prior.started, stripped, time.monotonic() - t0
+            record(target, prior)
+            return prior
     findings: list[Finding] = []
     for f, diff in changed_frozen(target, contract):
         findings.append(Finding("frozen-changed", f"frozen file {f.path} ({f.reason}) differs from the contract",
@@ -409,8 +472,10 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
     result = GateResult(op=contract.op, test_file=contract.test_file, k_expr=k_expr, green=not findings,
                         findings=findings, stripped_env=stripped, tree=tree, base_commit=contract.base_commit,
                         run=run, baseline=base, log_path=str(log_path) if run else None, started=started,
-                        wall_s=time.monotonic() - t0)
+                        wall_s=time.monotonic() - t0, key=key)
     record(target, result)
+    if result.green:
+        fsutil.atomic_write_json(_green_cache(target, contract.op, key), result.to_dict())
     return result
 
 
@@ -422,3 +487,12 @@ def record(target: Target, result: GateResult) -> Path:
 def last_result(target: Target, op: str) -> dict | None:
     last = fsutil.read_json_cache(target.workspace(op) / "gate" / "last.json")
     return last if isinstance(last, dict) and isinstance(last.get("tree"), dict) else None
+
+
+def last_gate_for(target: Target, op: str, tree: dict) -> dict | None:
+    """The recorded gate result, when it was taken of exactly this tree state (HEAD + diff)."""
+    last = last_result(target, op)
+    if not last or {k: last["tree"].get(k) for k in ("head", "dirty", "diff_hash")} != \
+            {k: tree.get(k) for k in ("head", "dirty", "diff_hash")}:
+        return None
+    return {k: last.get(k) for k in ("green", "signal_only", "started", "counts", "k_expr", "reused_from")}

@@ -263,3 +263,132 @@ def reap_stale_worktrees(root: Path) -> list[tuple[int, str]]:
         if entry.path not in list_worktrees(root):
             reaped.append((pid, entry.path))
     return reaped
+
+
+def changed_since(root: Path, commit: str) -> list[tuple[str, str, str]]:
+    """(status letter, path, path at `commit`) of every tracked file whose working-tree content
+    differs from `commit`: staged and unstaged edits alike. A moved file (git's rename detection)
+    has status R and its old path; untracked files are not included (see `untracked`).
+    """
+    out = _git(root, "diff", "--name-status", "-M", "-z", commit, "--").stdout
+    parts = [p for p in out.split("\0") if p]
+    rows, i = [], 0
+    while i < len(parts):
+        letter = parts[i][0]
+        if letter in "RC":  # R100\0old\0new
+            rows.append((letter, parts[i + 2], parts[i + 1]))
+            i += 3
+        else:
+            rows.append((letter, parts[i + 1], parts[i + 1]))
+            i += 2
+    return rows
+
+
+def untracked(root: Path, under: str | None = None, ignored: bool = False) -> list[str]:
+    """Files git does not track: those it would show (default), or those it ignores (`ignored`)."""
+    args = ["ls-files", "--others", "--exclude-standard", "-z"]
+    if ignored:
+        args.append("--ignored")
+    if under:
+        args += ["--", under]
+    return [p for p in _git(root, *args).stdout.split("\0") if p]
+
+
+def files_at(root: Path, commit: str, under: str) -> list[str]:
+    """Paths of the files under `under` at `commit`."""
+    proc = _git(root, "ls-tree", "-r", "--name-only", "-z", commit, "--", under, check=False)
+    return [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else []
+
+
+# -- commits made by the loop (flaloop iter): on the user's branch, never over their work ---------
+
+IN_PROGRESS = {"MERGE_HEAD": "a merge", "CHERRY_PICK_HEAD": "a cherry-pick", "REVERT_HEAD": "a revert",
+               "rebase-merge": "a rebase", "rebase-apply": "a rebase or `git am`", "BISECT_LOG": "a bisect"}
+
+
+def current_branch(root: Path) -> str | None:
+    """The checked-out branch, or None when HEAD is detached."""
+    proc = _git(root, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def operation_in_progress(root: Path) -> str | None:
+    """What half-done git operation (merge, rebase, ...) the repository is in, if any."""
+    for name, what in IN_PROGRESS.items():
+        path = Path(_git(root, "rev-parse", "--git-path", name).stdout.strip())
+        if not path.is_absolute():
+            path = root / path
+        if path.exists():
+            return what
+    return None
+
+
+# Python bytecode is never part of a change, even in a repo whose .gitignore forgets it: the gate and
+# the bench import the tree, and the files they leave would otherwise be committed, and would make
+# the tree look edited while it was being measured.
+NOT_A_CHANGE = (":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.py[co]")
+
+
+def changed_paths(root: Path) -> list[str]:
+    """Paths `commit_all` takes: tracked changes and untracked files git does not ignore (bytecode aside)."""
+    out = _git(root, "status", "--porcelain", "--untracked-files=all", "--", ".", *NOT_A_CHANGE).stdout
+    return [line[3:] for line in out.splitlines() if line.strip()]
+
+
+def change_fingerprint(root: Path) -> str:
+    """HEAD plus a hash of everything `commit_all` would take: equal fingerprints, equal candidates."""
+    h = hashlib.sha256(head_commit(root).encode())
+    h.update(_git(root, "diff", "--binary", "HEAD", "--", ".", *NOT_A_CHANGE, text=False).stdout)
+    for rel in changed_paths(root):
+        p = root / rel
+        if p.is_file():
+            h.update(rel.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def is_ancestor(root: Path, ancestor: str, descendant: str = "HEAD") -> bool:
+    return _git(root, "merge-base", "--is-ancestor", ancestor, descendant, check=False).returncode == 0
+
+
+def same_tree(root: Path, a: str, b: str) -> bool:
+    """Whether two commits have identical trees (a revert brought the code back)."""
+    return _git(root, "rev-parse", f"{a}^{{tree}}").stdout == _git(root, "rev-parse", f"{b}^{{tree}}").stdout
+
+
+def identity_problem(root: Path) -> str | None:
+    """Why `git commit` would fail for lack of a name/e-mail, or None."""
+    proc = _git(root, "var", "GIT_COMMITTER_IDENT", check=False)
+    return None if proc.returncode == 0 else proc.stderr.strip() or "no committer identity"
+
+
+def commit_all(root: Path, message: str) -> str:
+    """`git add -A` (.gitignore respected) and one commit with `message`; its SHA.
+
+    Hooks are skipped (--no-verify): the commit must hold exactly the tree that was measured,
+    and a formatting hook would change it after the fact.
+    """
+    _git(root, "add", "-A", "--", ".", *NOT_A_CHANGE)
+    _commit(root, message)
+    return head_commit(root)
+
+
+def revert(root: Path, commits: list[str], message: str) -> str:
+    """One commit that reverts `commits` (newest first); history keeps the attempt. Its SHA."""
+    proc = _git(root, "revert", "--no-commit", *commits, check=False)
+    if proc.returncode != 0:
+        _git(root, "revert", "--abort", check=False)
+        raise UsageError(f"git revert of {', '.join(c[:12] for c in commits)} failed: {proc.stderr.strip()}",
+                         "resolve it by hand; the attempt is committed and nothing was lost")
+    _commit(root, message)
+    return head_commit(root)
+
+
+def _commit(root: Path, message: str) -> None:
+    proc = subprocess.run(["git", "commit", "--no-verify", "-q", "-F", "-"], cwd=root, input=message, text=True,
+                          capture_output=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
+    if proc.returncode != 0:
+        raise UsageError(f"git commit failed in {root}: {(proc.stderr or proc.stdout).strip()}",
+                         "set user.name and user.email (git config), then rerun")

@@ -25,6 +25,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from flaloop import fsutil, git
 from flaloop.errors import Busy
@@ -65,16 +66,27 @@ def workspace_lock(target, op: str, wait: bool = True, command: str | None = Non
 
     `wait=False`: raise Busy (exit 2) when another process holds it. `on_wait(holder)` is called
     once before blocking, so the caller can say whom it waits for. Yields this process's Holder.
+    The workspace is made (and git-ignored) when it does not exist yet.
     """
     ws = target.workspace(op)
+    if not ws.exists():  # git ignores the workspace before anything lands in it
+        git.ensure_ignored(target.root, os.path.relpath(ws, target.root))
+    with lock_dir(ws, wait, command, on_wait, label=os.path.relpath(ws, target.root) + "/") as me:
+        yield me
+
+
+@contextlib.contextmanager
+def lock_dir(ws: Path, wait: bool = True, command: str | None = None,
+             on_wait: Callable[[Holder], None] | None = None, label: str | None = None,
+             busy_hint: str = "wait for it to finish, or rerun without --no-wait to queue behind it",
+             ) -> Iterator[Holder]:
+    """`workspace_lock` for a workspace directory given by path (`label`: how messages name it)."""
     path = ws / LOCK_NAME
-    rel = os.path.relpath(ws, target.root) + "/"
+    label = label or f"{ws.name}/"
     key = os.path.realpath(path)
     if key in _HELD:  # nested in this process (a command calling another's code): already ours
         yield _HELD[key]
         return
-    if not ws.exists():  # git ignores the workspace before anything lands in it
-        git.ensure_ignored(target.root, os.path.relpath(ws, target.root))
     try:
         ws.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -88,8 +100,7 @@ def workspace_lock(target, op: str, wait: bool = True, command: str | None = Non
                 raise fsutil.storage_error(exc, path) from exc
             holder = read_holder(fd)
             if not wait:
-                raise Busy(f"{rel} is in use by {holder.describe()}",
-                           "wait for it to finish, or rerun without --no-wait to queue behind it") from None
+                raise Busy(f"{label} is in use by {holder.describe()}", busy_hint) from None
             if on_wait is not None:
                 on_wait(holder)
             fcntl.flock(fd, fcntl.LOCK_EX)  # an interrupt while waiting raises here, as it should

@@ -61,6 +61,23 @@ def spawn(cmd: list[str], *, env: dict[str, str] | None = None, **popen_kwargs) 
     return subprocess.Popen(cmd, env=run_env, start_new_session=True, preexec_fn=preexec, **popen_kwargs)
 
 
+def run(cmd: list[str], *, timeout: float | None = None, input: str | bytes | None = None,
+        capture_output: bool = False, **popen_kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run` through `spawn`: the child dies with flaloop, and on a timeout or an
+    interrupt its whole process group is killed (raises subprocess.TimeoutExpired like run)."""
+    if capture_output:
+        popen_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if input is not None:
+        popen_kwargs["stdin"] = subprocess.PIPE
+    with spawn(cmd, **popen_kwargs) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except BaseException:
+            kill_popen(proc)
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def _pdeathsig(parent: int) -> Callable[[], None]:
     prctl = _PRCTL
 

@@ -74,19 +74,13 @@ def run_probe(python: str, root: Path, args: list[str], timeout: float = 600) ->
         out = Path(tmp) / "out.json"
         cmd = [python, str(PROBE), *args, "--tree", str(root), "--out", str(out)]
         try:
-            proc = procs.spawn(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = procs.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise UsageError(f"probing the target with {python} took longer than {timeout:.0f}s") from exc
         except OSError as exc:  # missing, not executable, not a program
             raise UsageError(f"the target interpreter {python!r} cannot be run: {exc.strerror or exc}",
                              "pass --python PATH to the Python that has the target's torch") from exc
-        with proc:
-            try:
-                stdout, stderr = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired as exc:
-                procs.kill_popen(proc)
-                raise UsageError(f"probing the target with {python} took longer than {timeout:.0f}s") from exc
-            except BaseException:
-                procs.kill_popen(proc)
-                raise
+        stdout, stderr = proc.stdout, proc.stderr
         try:
             return json.loads(out.read_text())
         except (OSError, ValueError):

@@ -156,6 +156,13 @@ class WorkerPool:
         if started:
             self.close_pair(started[1])
 
+    def pids(self) -> list[int]:
+        """Every process of ours that may hold the GPU (idle evidence must not count them)."""
+        out = [w.proc.pid for w in self.started]
+        if self.server is not None:
+            out.append(self.server.p.pid)
+        return out
+
     @staticmethod
     def close_pair(pair: dict[str, Worker]) -> None:
         for w in pair.values():

@@ -14,12 +14,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from flaloop import fsutil, git
+from flaloop import evidence, fsutil, git, roofline
 from flaloop.bench.analysis import analyse
 from flaloop.bench.model import BenchConfig, make_cells
-from flaloop.bench.session import Events, Session
-from flaloop.errors import StorageError, UsageError
+from flaloop.bench.session import Cancelled, Events, Session
+from flaloop.errors import MeasurementError, StorageError, UsageError
+from flaloop.gate import last_gate_for
+from flaloop.guard import probes as guard_probes
 from flaloop.guard.audit import audit
+from flaloop.guard.findings import apply_allowances
 
 SCHEMA = 2
 
@@ -40,9 +43,40 @@ def _guard_summary(session: Session, static: dict | None, allowed: list[dict]) -
             "probe_seconds": round(session.probe_seconds, 3)}
 
 
+def _roofline(record: dict, target, spec, env: dict, allowed: list[dict]) -> None:
+    """Each cell's roofline floor and % of it (flaloop/roofline.py); a candidate faster than its
+    floor is implausible: the cell is BLOCKED (unless the base is below it too: then the model,
+    not the candidate, is wrong, and it is only a warning)."""
+    try:
+        ceilings = roofline.ceilings_for(target.python, env.get("device_uuid"))
+    except MeasurementError as exc:
+        ceilings = None
+        record["errors"].append(f"roofline ceilings not measured: {exc.message}")
+    roofline.annotate(record, ceilings, roofline.family_for(spec.registry, spec.name))
+    if record["aa"]:
+        return
+    for cell in record["cells"]:
+        roof, summ = cell.get("roofline") or {}, cell.get("summary") or {}
+        f = guard_probes.implausible(cell["cell"]["id"], (summ.get("cand") or {}).get("median"), roof.get("floor_ms"))
+        if f is None:
+            continue
+        if (roof.get("pct_of_floor_base") or 0) > 100:
+            f = guard_probes.finding("implausible-speedup", f.message + " (the base is below it too: the model is "
+                                     "off for this op)", f.cell, severity="warn")
+        (f,) = apply_allowances([f], allowed)
+        cell["findings"].append(f.to_dict())
+        record["guard"]["findings"].append(f.to_dict())
+        if f.blocking and cell.get("verdict") not in ("BLOCKED", None):
+            cell["reason"] = (cell.get("reason") + "; " if cell.get("reason") else "") + \
+                f"guard: implausible-speedup (measured {cell['verdict']})"
+            cell["verdict"] = "BLOCKED"
+            record["guard"]["blocked"] = True
+    record["summary"]["n_blocked"] = sum(c.get("verdict") == "BLOCKED" for c in record["cells"])
+
+
 def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, cfg: BenchConfig,
           on_event: Events | None = None, gate: dict | None = None, command: str = "",
-          gpu: str | None = None) -> dict:
+          gpu: str | None = None, cancel=None) -> dict:
     """Run one paired session for the contract's op and keep its run record."""
     spec = target.op(contract.op)
     if not target.registry_file.is_file():
@@ -64,14 +98,15 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
     run_dir = fsutil.unique_dir(target.workspace(contract.op) / "runs", f"{stamp}-{'aa' if cfg.aa else 'bench'}")
     session = Session(root=target.root, python=target.python, op=contract.op,
                       registry_rel=str(target.registry_file.relative_to(target.root)), base_commit=base_commit,
-                      cells=cells, config=cfg, run_dir=run_dir, on_event=on_event, allowed=allowed, gpu=gpu)
+                      cells=cells, config=cfg, run_dir=run_dir, on_event=on_event, allowed=allowed, gpu=gpu,
+                      cancel=cancel)
     tree = git.tree_state(target.root)
     t0 = time.monotonic()
     interrupted = False
-    pending: KeyboardInterrupt | None = None
+    pending: BaseException | None = None
     try:
         session.run()
-    except KeyboardInterrupt as exc:
+    except (KeyboardInterrupt, Cancelled) as exc:
         interrupted, pending = True, exc
         raise
     finally:
@@ -89,9 +124,13 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
             "import_s": [{s: h.get("import_s") for s, h in hs.items()} for hs in session.hellos],
             "primed": session.primed, "contested": session.contested, "restarts": session.restarts,
             "gate": gate, "unverified": gate is None, "interrupted": interrupted,
+            "last_gate": last_gate_for(target, contract.op, tree) if gate is None else None,
             "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2),
             "guard": guard, "summary": summary, "cells": [r.to_dict() for r in session.results],
         }
+        if not interrupted and session.env_info:
+            record["env"]["during"] = evidence.during_evidence(evidence.readings_of(record))
+            _roofline(record, target, spec, session.env_info, allowed)
         if session.pool is not None or interrupted:
             try:
                 record["path"] = str(write_record(run_dir, record))

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +40,16 @@ from flaloop.bench.model import BenchConfig, Cell, CellResult, Pair
 from flaloop.bench.pool import WorkerPool
 from flaloop.bench.workers import Worker, WorkerFailed
 from flaloop.errors import MeasurementError
-from flaloop.evidence import ClockReading, Clocks, fingerprint
+from flaloop.evidence import ClockReading, Clocks, fingerprint, idle_evidence
 from flaloop.guard import probes as guard_probes
 from flaloop.guard.findings import apply_allowances
 
 Events = Callable[..., None]
 MAX_RESTARTS = 4  # fresh pairs after crashes or hangs, per run
+
+
+class Cancelled(Exception):
+    """The caller withdrew the run (verify: the gate running beside the bench went red)."""
 
 
 def _cache_entries(cache: Path) -> int:
@@ -58,7 +63,8 @@ def _cache_entries(cache: Path) -> int:
 class Session:
     def __init__(self, *, root: Path, python: str, op: str, registry_rel: str, base_commit: str,
                  cells: list[Cell], config: BenchConfig, run_dir: Path, on_event: Events | None = None,
-                 allowed: list[dict] | None = None, gpu: str | None = None):
+                 allowed: list[dict] | None = None, gpu: str | None = None,
+                 cancel: threading.Event | None = None):
         self.root, self.python, self.op = root, python, op
         self.registry_rel, self.base_commit = registry_rel, base_commit
         self.cells, self.cfg, self.run_dir = cells, config, run_dir
@@ -79,6 +85,7 @@ class Session:
         self.run_findings: list[dict] = []  # guard findings about the whole run (timer patches)
         self.restarts = 0
         self.probe_seconds = 0.0
+        self.cancel = cancel
 
     # -- lifecycle --
 
@@ -101,6 +108,8 @@ class Session:
                 env.pop("TRITON_CACHE_AUTOTUNING", None)
             cache = Path(env["TRITON_CACHE_DIR"])
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.cancel is not None:
+                stack.enter_context(self._killed_on_cancel())
             self.pool = stack.enter_context(WorkerPool(
                 python=self.python, op=self.op, device=self.cfg.device, trees=trees,
                 registry=base_tree / self.registry_rel, run_dir=self.run_dir, env=env,
@@ -124,6 +133,7 @@ class Session:
                     self.clocks = Clocks(hello.get("device_uuid"))
                     self.env_info = fingerprint(hello, self.clocks)
                     self.env_info["forkserver"] = self.pool.forkserver
+                    self.env_info["idle"] = idle_evidence(self.clocks, own_pids=self.pool.pids())
                     entries = _cache_entries(cache)
                     self._warm_all(cache, entries)
                     self._prime(_cache_entries(cache) - entries)
@@ -140,11 +150,40 @@ class Session:
                                       if r.status == "ok" and round_estimates(r, self.cfg.seed)[1]]
                     if self.contested:
                         planned = min(self.cfg.max_rounds, planned + 2)
+            blocked = self._blocked_run()
             for res in self.results:
-                if res.status == "ok" and len(res.kept) < 6:
+                if blocked and res.status in ("pending", "ok") and not res.kept:
+                    rules = sorted({f["rule"] for f in self.run_findings if f.get("blocking")})
+                    res.status, res.reason = "blocked", f"guard: {', '.join(rules)} (run stopped)"
+                elif res.status == "ok" and len(res.kept) < 6:
                     res.status = "failed"
                     res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
         self.on_event("done")
+
+    @contextmanager
+    def _killed_on_cancel(self):
+        """While the run lasts, a cancel kills every worker at once (a setup may take minutes)."""
+        done = threading.Event()
+
+        def watch():
+            while not done.wait(0.2):
+                if self.cancel.is_set():
+                    if self.pool is not None:
+                        for w in list(self.pool.started):
+                            w.proc.kill()
+                    return
+
+        t = threading.Thread(target=watch, name="flaloop-cancel-watch", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            done.set()
+            t.join(timeout=5)
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("the run was withdrawn")
 
     def _take(self, label: str) -> None:
         self.workers, hellos = self.pool.take(label, self._order())
@@ -195,7 +234,12 @@ class Session:
         self._take("primed")
 
     def _ask(self, side: str, cmd: str, timeout: float, **payload) -> dict:
-        reply = self.workers[side].request(cmd, timeout, **payload)
+        self._check_cancel()
+        try:
+            reply = self.workers[side].request(cmd, timeout, **payload)
+        except WorkerFailed:
+            self._check_cancel()  # killed because the run was withdrawn: not a crash
+            raise
         self._note_integrity(side, reply)
         return reply
 
@@ -291,6 +335,8 @@ class Session:
             res.status, res.reason = "blocked", (
                 "candidate differs from base: " + ", ".join(
                     f"{n} rel-RMS {t.get('rel_rms')}, non-finite {t.get('nonfinite_self')}" for n, t in worst))
+            found = guard_probes.finding("differs-from-base", res.reason, res.cell.id)
+            res.findings = [f.to_dict() for f in apply_allowances([found], [])]  # never allowable: it is wrong
             return None
         if self.cfg.probes:
             self._probe(res, idx)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,9 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from flaloop import contract as contract_mod
+from flaloop import evidence
 from flaloop import gate as gate_mod
 from flaloop.bench import record as record_mod
 from flaloop.bench.model import BenchConfig
+from flaloop.bench.session import Cancelled
+from flaloop.cli import fla_compat
 from flaloop.cli.app import (
     JsonOpt,
     LockOptions,
@@ -27,6 +32,7 @@ from flaloop.cli.app import (
     progress_bar,
     with_options,
 )
+from flaloop.cli.fla_compat import FlaVerifyFlags
 from flaloop.cli.render import print_bench, print_gate
 from flaloop.errors import UsageError
 from flaloop.target import Target
@@ -37,7 +43,11 @@ from flaloop.target import Target
 class GateOptions:
     workers: Annotated[int, typer.Option("--workers", help="Run the gate over N pytest-xdist workers.")] = 0
     gpus: Annotated[str | None, typer.Option(
-        "--gpus", help="With --workers: pin worker i to GPU i mod n, e.g. 0,1.")] = None
+        "--gpus", help="GPUs to use, e.g. 0,1: the gate's xdist worker i runs on GPU i mod n; with several, "
+                       "verify benches on the last one while the gate runs on the others.")] = None
+    regate: Annotated[bool, typer.Option(
+        "--regate", help="Run the gate even when a green gate of the same tree state, contract, frozen "
+                         "hashes, environment and interpreter is recorded (default: reuse it).")] = False
 
     def gpu_list(self) -> list[str] | None:
         return parse_gpus(self.gpus)
@@ -74,6 +84,14 @@ class BenchOptions:
         "--max-rounds",
         help="Cells whose rounds still disagree get two more rounds at a time, up to this many in all "
              "(at most --rounds: none); each extra round may take a round's share of --cell-seconds.")] = 4
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="A quick signal: the contract's target shapes, one round, a wide stopping rule "
+                        "(1% half-width, 6-40 pairs, 10 s a cell); labelled SIGNAL everywhere, never a promotion.")] = False
+    no_probes: Annotated[bool, typer.Option(
+        "--no-probes", help="Skip the guard's dynamic probes (to measure their cost; the result is then unguarded).")] = False
+    no_forkserver: Annotated[bool, typer.Option(
+        "--no-forkserver", help="Spawn every worker afresh instead of forking them from a server that "
+                                "imported the target's libraries once.")] = False
 
     def shape_list(self) -> list[str] | None:
         return [s for item in (self.shapes or []) for s in item.split(",") if s] or None
@@ -90,7 +108,9 @@ class BenchOptions:
         if self.min_pairs < 2 or self.max_pairs < self.min_pairs:
             raise UsageError(f"--min-pairs {self.min_pairs} / --max-pairs {self.max_pairs}: "
                              "need 2 <= min-pairs <= max-pairs")
-        return BenchConfig(
+        quick = dict(rounds=1, max_rounds=1, min_pairs=6, max_pairs=40, half_width=0.01, cell_seconds=10.0,
+                     signal=True) if self.quick else {}
+        return BenchConfig(**{**dict(
             min_sample_ms=self.sample_ms, setup_timeout=self.worker_timeout,
             sample_timeout=min(self.worker_timeout, 300.0),
             modes=[m for m in (self.modes.split(",") if self.modes else c.modes) if m], aa=aa,
@@ -98,8 +118,9 @@ class BenchOptions:
             cell_seconds=self.cell_seconds, half_width=self.half_width / 100, margin=self.margin / 100,
             device=self.device, dtype=self.dtype, diff_tol=self.diff_tol,
             shared_tuning=not self.independent_tuning, rounds=self.rounds,
-            max_rounds=max(self.rounds, self.max_rounds),
-            overrides=contract_mod.parse_overrides(self.inputs or []))
+            max_rounds=max(self.rounds, self.max_rounds), probes=not self.no_probes,
+            forkserver=not self.no_forkserver,
+            overrides=contract_mod.parse_overrides(self.inputs or [])), **quick})
 
 
 def parse_gpus(gpus: str | None) -> list[str] | None:
@@ -111,6 +132,20 @@ def parse_gpus(gpus: str | None) -> list[str] | None:
 
 
 # -- gate ---------------------------------------------------------------------------------------
+
+def gate_plan(opts: GateOptions, for_verify: bool = False) -> tuple[int, list[str] | None, str | None]:
+    """(xdist workers, the gate's GPUs, the bench's GPU) for this host.
+
+    One GPU (or none): today's order, the gate as asked (--workers, default none), the bench after
+    it. Several GPUs: the gate's xdist workers spread over them (4 a GPU unless --workers says), and
+    verify keeps the last one for the bench, which then runs beside the gate.
+    """
+    gpus = opts.gpu_list() or evidence.visible_gpus()
+    if len(gpus) < 2:
+        return opts.workers, opts.gpu_list(), None
+    gate_gpus, bench_gpu = (gpus[:-1], gpus[-1]) if for_verify else (gpus, None)
+    return opts.workers or 4 * len(gate_gpus), gate_gpus, bench_gpu
+
 
 @app.command("gate")
 @command
@@ -126,9 +161,11 @@ def gate_cmd(
     """Run the op's frozen test file as a black box; exit 0 green, 1 red."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
-    with lock_options.hold(target, op, human(as_json), "gate"):
-        result = run_gate_with_progress(target, c, k_expr, timeout, human(as_json), gate_options.workers,
-                                        gate_options.gpu_list())
+    workers, gpus, _ = gate_plan(gate_options)
+    console = human(as_json)
+    with lock_options.hold(target, op, console, "gate"), progress_bar(console) as bar:
+        result = run_gate_with_progress(target, c, k_expr, timeout, console, bar, workers, gpus,
+                                        regate=gate_options.regate)
     if as_json:
         emit_json({"ok": True, **result.to_dict()})
     else:
@@ -136,8 +173,9 @@ def gate_cmd(
     raise typer.Exit(0 if result.green else 1)
 
 
-def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float | None,
-                           console: Console, workers: int = 0, gpus: list[str] | None = None) -> gate_mod.GateResult:
+def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float | None, console: Console,
+                           bar, workers: int = 0, gpus: list[str] | None = None,
+                           regate: bool = False) -> gate_mod.GateResult:
     _, stripped, _ = gate_mod.clean_env(target.extra_strip_env())
     for name, value in stripped.items():
         console.print(f"[yellow]removed {escape(name)}={escape(value)} from the gate's environment[/] "
@@ -145,58 +183,47 @@ def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float
     if k_expr:
         console.print(f"[yellow]-k {escape(repr(k_expr))}: SIGNAL ONLY, this run never counts as a promotion gate[/]",
                       markup=True)
-    with progress_bar(console) as bar:
-        tasks: dict[str, int] = {}
+    tasks: dict[str, int] = {}
 
-        def updater(label: str):
-            def update(done: int, total: int, last: str) -> None:
-                if label not in tasks:
-                    tasks[label] = bar.add_task(label, total=None, last="")
-                bar.update(tasks[label], completed=done, total=total or None, last=last.rsplit("::", 1)[-1][:60])
-            return update
+    def updater(label: str):
+        def update(done: int, total: int, last: str) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=None, last="")
+            bar.update(tasks[label], completed=done, total=total or None, last=last.rsplit("::", 1)[-1][:60])
+        return update
 
-        return gate_mod.run_gate(target, c, k_expr=k_expr, progress=updater("candidate"),
-                                 baseline_progress=updater(f"baseline at {c.base_commit[:8]}"), timeout=timeout,
-                                 workers=workers, gpus=gpus)
+    return gate_mod.run_gate(target, c, k_expr=k_expr, progress=updater("gate"),
+                             baseline_progress=updater(f"gate baseline at {c.base_commit[:8]}"), timeout=timeout,
+                             workers=workers, gpus=gpus, regate=regate)
 
 
 # -- bench and verify ---------------------------------------------------------------------------
 
-def run_bench_with_progress(target: Target, c, opts: BenchOptions, cfg: BenchConfig,
-                            console: Console, gate: dict | None) -> dict:
-    with progress_bar(console) as bar:
-        task = bar.add_task("warming up", total=None, last="")
+def run_bench_with_progress(target: Target, c, opts: BenchOptions, cfg: BenchConfig, bar, gate: dict | None,
+                            gpu: str | None = None, cancel: threading.Event | None = None) -> dict:
+    task = bar.add_task("bench: starting workers", total=None, last="")
 
-        def on_event(kind: str, **info) -> None:
-            if kind == "warm":
-                bar.update(task, description="warm-up + correctness", completed=info["index"],
-                           total=info["total"], last=info["cell"])
-            elif kind == "round":
-                bar.update(task, description=f"round {info['round']}/{info['rounds']}: fresh workers",
-                           completed=0, total=None, last=f"{info['cells']} cell(s)")
-            elif kind == "prime":
-                bar.update(task, description="fresh workers to measure (the warm-up compiled or tuned)",
-                           completed=0, total=None, last=f"{info['new_entries']} new cache entries")
-            elif kind == "pair":
-                bar.update(task, description=f"pairs {info['cell']}", completed=info["n"],
-                           total=cfg.max_pairs, last=f"{info['kept']} kept")
+    def on_event(kind: str, **info) -> None:
+        if kind == "warm":
+            bar.update(task, description="bench: warm-up, correctness, probes", completed=info["index"],
+                       total=info["total"], last=info["cell"])
+        elif kind == "round":
+            bar.update(task, description=f"bench: round {info['round']}/{info['rounds']}",
+                       completed=0, total=None, last=f"{info['cells']} cell(s)")
+        elif kind == "prime":
+            bar.update(task, description="bench: fresh workers to measure (the warm-up compiled or tuned)",
+                       completed=0, total=None, last=f"{info['new_entries']} new cache entries")
+        elif kind == "pair":
+            bar.update(task, description=f"bench: pairs {info['cell']}", completed=info["n"],
+                       total=cfg.max_pairs, last=f"{info['kept']} kept")
 
-        return record_mod.bench(target, c, base_ref=opts.base, shapes=opts.shape_list(), cfg=cfg,
-                                 on_event=on_event, gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]))
-
-
-def last_gate_for(target: Target, op: str, tree: dict) -> dict | None:
-    """The recorded gate result, when it was taken of exactly this tree state (HEAD + diff)."""
-    last = gate_mod.last_result(target, op)
-    if not last or {k: last["tree"].get(k) for k in ("head", "dirty", "diff_hash")} != \
-            {k: tree.get(k) for k in ("head", "dirty", "diff_hash")}:
-        return None
-    return {k: last.get(k) for k in ("green", "signal_only", "started", "counts", "k_expr")}
+    return record_mod.bench(target, c, base_ref=opts.base, shapes=opts.shape_list(), cfg=cfg, on_event=on_event,
+                            gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]), gpu=gpu, cancel=cancel)
 
 
 def bench_exit(record: dict) -> int:
     s = record.get("summary") or {}
-    if s.get("n_blocked"):
+    if s.get("n_blocked") or (record.get("guard") or {}).get("blocked"):
         return 1
     if record.get("errors") or not s.get("n_measured"):
         return 3
@@ -217,9 +244,8 @@ def bench_cmd(
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     cfg = bench_options.config(c, aa=aa)
-    with lock_options.hold(target, op, human(as_json), "bench"):
-        record = run_bench_with_progress(target, c, bench_options, cfg, human(as_json), gate=None)
-        record["last_gate"] = last_gate_for(target, op, record["candidate"])
+    with lock_options.hold(target, op, human(as_json), "bench"), progress_bar(human(as_json)) as bar:
+        record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=None)
     if as_json:
         emit_json({"ok": True, **record})
     else:
@@ -227,46 +253,109 @@ def bench_cmd(
     raise typer.Exit(bench_exit(record))
 
 
-@app.command("verify")
+def _verify_side_by_side(target, c, k_expr, gate_options, bench_options, cfg, console, workers, gate_gpus,
+                         bench_gpu) -> tuple[gate_mod.GateResult, dict | None]:
+    """The gate on some GPUs and the bench on another at once; the bench is withdrawn if the gate is red."""
+    cancel = threading.Event()
+    box: dict = {}
+
+    def bench_thread():
+        try:
+            box["record"] = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=None, gpu=bench_gpu,
+                                                    cancel=cancel)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            box["error"] = exc
+
+    console.print(f"verify on {len(gate_gpus) + 1} GPUs: the gate on {','.join(gate_gpus)} ({workers} xdist "
+                  f"workers), the bench on {bench_gpu} at the same time")
+    with progress_bar(console) as bar:
+        t = threading.Thread(target=bench_thread, name="flaloop-bench", daemon=True)
+        t.start()
+        try:
+            result = run_gate_with_progress(target, c, k_expr, None, console, bar, workers, gate_gpus,
+                                            regate=gate_options.regate)
+        except BaseException:
+            cancel.set()
+            t.join(timeout=60)
+            raise
+        if not result.green:
+            cancel.set()
+        while t.is_alive():
+            t.join(timeout=0.5)
+    err_ = box.get("error")
+    if err_ is not None and not (isinstance(err_, Cancelled) and not result.green):
+        raise err_
+    return result, box.get("record")
+
+
+@app.command("verify", context_settings={"allow_extra_args": True})
 @command
-@with_options(GateOptions, BenchOptions, LockOptions)
+@with_options(GateOptions, BenchOptions, FlaVerifyFlags, LockOptions)
 def verify_cmd(
-    op: str,
+    ctx: typer.Context,
+    op: Annotated[str | None, typer.Argument(help="The op (or FLA's --op).")] = None,
     k_expr: Annotated[str | None, typer.Option("-k", help="Gate on a pytest -k subset (signal only).")] = None,
     no_gate: Annotated[bool, typer.Option("--no-gate", help="Skip the gate: the result is UNVERIFIED.")] = False,
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
+    fla_verify_flags: FlaVerifyFlags = None,  # type: ignore[assignment]
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Gate first, then the paired benchmark; never a benchmark on a red gate."""
+    """Gate first, then the paired benchmark; never a bench result on a red gate. With several GPUs the
+    gate and the bench run at the same time on different GPUs."""
+    call = fla_compat.resolve(op, ctx.args, fla_verify_flags, k_expr, bench_options.modes)
+    if call.list_only:
+        from flaloop.cli.setup import list_cmd
+
+        return list_cmd(repo=repo, python=python, as_json=as_json)
+    op, k_expr, bench_options.modes = call.op, call.k_expr, call.modes
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
+    fla_compat.check_test_file(call, c.test_file)
     console = human(as_json)
+    for note in call.notes:
+        console.print(f"({note})")
     cfg = bench_options.config(c)
     with lock_options.hold(target, op, console, "verify"):
-        _verify(target, c, k_expr, no_gate, gate_options, bench_options, cfg, console, as_json)
+        workers, gate_gpus, bench_gpu = gate_plan(gate_options, for_verify=True)
+        gate_dict, record = None, None
+        if no_gate:
+            console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
+                          "must not be used as evidence of a win[/]", markup=True)
+            with progress_bar(console) as bar:
+                record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=None)
+        elif bench_gpu is not None:
+            result, record = _verify_side_by_side(target, c, k_expr, gate_options, bench_options, cfg, console,
+                                                  workers, gate_gpus, bench_gpu)
+            gate_dict = result.to_dict()
+        else:
+            with progress_bar(console) as bar:
+                result = run_gate_with_progress(target, c, k_expr, None, console, bar, workers, gate_gpus,
+                                                regate=gate_options.regate)
+            gate_dict = result.to_dict()
+        if gate_dict is not None:
+            print_gate(result, console)
+            if not result.green:
+                if as_json:
+                    emit_json({"ok": True, "gate": gate_dict, "bench": None})
+                console.print("[red]gate is red: no benchmark result is shown on a red gate[/]", markup=True)
+                raise typer.Exit(1)
+            if record is None:
+                with progress_bar(console) as bar:
+                    record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=gate_dict)
+            else:
+                record["gate"], record["unverified"] = gate_dict, False
+                record_mod.write_record(Path(record["path"]).parent, record)
+        profile_doc = None
+        if call.profile and bench_exit(record) == 0:
+            from flaloop import profiling
 
-
-def _verify(target: Target, c, k_expr: str | None, no_gate: bool, gate_options: GateOptions,
-            bench_options: BenchOptions, cfg: BenchConfig, console: Console, as_json: bool) -> None:
-    gate_dict = None
-    if no_gate:
-        console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
-                      "must not be used as evidence of a win[/]", markup=True)
-    else:
-        result = run_gate_with_progress(target, c, k_expr, None, console, gate_options.workers,
-                                        gate_options.gpu_list())
-        print_gate(result, console)
-        gate_dict = result.to_dict()
-        if not result.green:
-            if as_json:
-                emit_json({"ok": True, "gate": gate_dict, "bench": None})
-            console.print("[red]gate is red: no benchmark is run on a red gate[/]", markup=True)
-            raise typer.Exit(1)
-    record = run_bench_with_progress(target, c, bench_options, cfg, console, gate=gate_dict)
-    if as_json:
-        emit_json({"ok": True, "gate": gate_dict, "bench": record})
-    else:
-        print_bench(record, out)
-    raise typer.Exit(bench_exit(record))
+            profile_doc = profiling.profile(target, c, mode=cfg.modes[0], command=" ".join(["flaloop", *sys.argv[1:]]))
+        if as_json:
+            emit_json({"ok": True, "gate": gate_dict, "bench": record, "profile": profile_doc})
+        else:
+            print_bench(record, out)
+            if profile_doc:
+                out.print(f"profile: {profile_doc.get('path') or ''}")
+        raise typer.Exit(bench_exit(record))

@@ -5,14 +5,19 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from flaloop import gate as gate_mod
+from flaloop.guard.findings import Finding
 
 
 def print_gate(r: gate_mod.GateResult, console: Console) -> None:
     label = "[bold green]GREEN[/]" if r.green else "[bold red]RED[/]"
     scope = f"  [yellow](signal only: -k {escape(repr(r.k_expr))})[/]" if r.signal_only else ""
     console.print(f"{label} gate {escape(r.op)}: {escape(r.test_file)}{scope}", markup=True)
+    if r.reused_from:
+        console.print(f"  reused: the green gate of {r.reused_from} ran on the same tree state, contract, frozen "
+                      "hashes, environment and interpreter (--regate runs it again)")
     if r.run:
         n = r.run
         console.print(f"  {n.passed} passed, {n.failed} failed, {n.skipped} skipped, {n.errors} errors; "
@@ -32,6 +37,14 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
                 console.print(f"      {line}")
     if r.log_path:
         console.print(f"  log: {r.log_path}")
+
+
+def _fmt_floor(roof: dict | None) -> str:
+    """The candidate's share of the roofline floor (100% = as fast as the device can go)."""
+    pct = (roof or {}).get("pct_of_floor_cand")
+    if pct is None:
+        return "-"
+    return f"{pct:.0f}%" + (" (>100%!)" if roof.get("above_100") else "")
 
 
 def _fmt_ms(summary: dict | None) -> str:
@@ -60,7 +73,7 @@ def print_bench(record: dict, console: Console) -> None:
                       "(`flaloop verify` runs the gate first)[/]", markup=True)
     table = Table(title=f"{record['op']}: candidate vs base (device time per call, ms)")
     for col in ("shape", "mode", "timer", "base", "cand", "speedup", "95% CI", "verdict", "pairs", "eager base",
-                "eager cand", "note"):
+                "eager cand", "% floor", "note"):
         table.add_column(col)
     for cell in record["cells"]:
         c, est, summ = cell["cell"], cell.get("estimate"), cell.get("summary") or {}
@@ -80,7 +93,7 @@ def print_bench(record: dict, console: Console) -> None:
             f"{est['speedup']:.4f}x" if est else "-",
             f"[{est['ci_low']:.4f}, {est['ci_high']:.4f}]" if est else "-",
             cell.get("verdict") or "-", f"{len(cell['pairs']) - cell['dropped_pairs']}/{len(cell['pairs'])}",
-            _fmt_ms(eager.get("base")), _fmt_ms(eager.get("cand")), note)
+            _fmt_ms(eager.get("base")), _fmt_ms(eager.get("cand")), _fmt_floor(cell.get("roofline")), note)
     console.print(table)
     s = record.get("summary") or {}
     g = s.get("geomean")
@@ -103,7 +116,36 @@ def print_bench(record: dict, console: Console) -> None:
         console.print(f"[yellow]autotune chose differently on the two sides ({how}):[/]", markup=True)
         for cid, d in differs[:20]:
             console.print(f"  {cid}: {escape(d)}", markup=True)
+    print_findings((record.get("guard") or {}).get("findings") or [], console)
+    if record.get("signal"):
+        console.print("[yellow]SIGNAL ONLY (--quick): one round, a wide stopping rule; never evidence of a win[/]",
+                      markup=True)
     for e in record.get("errors", []):
         console.print(f"[red]worker failure:[/] {escape(e)}", markup=True)
     if record.get("path"):
         console.print(f"run record: {record['path']}")
+
+
+def print_findings(findings: list, console: Console, title: str = "guard findings") -> None:
+    """One row per finding (a Finding or its dict): rule, severity, where, what was seen, why it
+    matters, what to do. A rule's why and fix are written out on its first row only."""
+    findings = [f if isinstance(f, Finding) else Finding.from_dict(f) for f in findings]
+    findings.sort(key=lambda f: (not f.blocking, f.allowed is not None, f.rule))
+    if not findings:
+        return
+    table = Table(title=title, show_lines=True)
+    for col, ratio in (("rule", 1), ("severity", 1), ("where", 2), ("message", 4), ("why", 4), ("fix", 3)):
+        table.add_column(col, overflow="fold", ratio=ratio)
+    explained: set[str] = set()
+    for f in findings:
+        if f.allowed is not None:
+            sev = Text(f"allowed: {f.allowed}", style="cyan")
+        elif f.blocking:
+            sev = Text("BLOCK", style="bold red")
+        else:
+            sev = Text(f.severity, style="yellow")
+        seen = f.rule in explained
+        explained.add(f.rule)
+        table.add_row(f.rule, sev, f.where or "-", f.message, "(as above)" if seen else f.why,
+                      "(as above)" if seen else f.fix)
+    console.print(table)

@@ -48,6 +48,7 @@ def init_cmd(
     modes: Annotated[str, typer.Option("--modes", help="Bench modes, comma separated.")] = "fwd,fwdbwd",
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override an input transform: k=l2norm.")] = None,
     varlen: Annotated[bool, typer.Option("--varlen", help="Bench a packed cu_seqlens variant of each shape too.")] = False,
+    max_iters: Annotated[int, typer.Option("--max-iters", help="Iteration cap of the loop.")] = 20,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing contract.")] = False,
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
@@ -61,7 +62,7 @@ def init_cmd(
         target, spec, base_ref=base, speedup=contract_mod.parse_speedup(target_speedup),
         shapes=shape_list or None, langs=[x for x in langs.split(",") if x],
         modes=[x for x in modes.split(",") if x], overrides=contract_mod.parse_overrides(inputs or []),
-        varlen=varlen)
+        varlen=varlen, max_iters=max_iters)
     with lock_options.hold(target, op, human(as_json), "init"):
         cpath, dpath = contract_mod.write(target, c, force)
     if as_json:

@@ -10,56 +10,15 @@ from __future__ import annotations
 import math
 import statistics
 
-from flaloop.guard.findings import BLOCK, WARN, Finding
-
-# Probe ids and what they stop; the `why`/`fix` texts the findings carry.
-PROBES: dict[str, tuple[str, str, str]] = {
-    "timer-patched": (BLOCK, "the candidate replaced a function on the timing path (a patched timer fakes any "
-                      "speedup: FASTER 1.25x on an H200 from a wrapped Event.elapsed_time)",
-                      "remove the patch; flaloop times with its own references and rejects the run"),
-    "timer-wall-gap": (BLOCK, "the candidate's device time falls short of the host wall time of the same "
-                       "synchronized batch by more than the base's does: its timer reads less than elapsed",
-                       "remove whatever alters CUDA event timing in the candidate's process"),
-    "eager-disagrees": (BLOCK, "the device-time speedup is not seen in the eager wall time of the same calls, "
-                        "although the cell is not launch-bound",
-                        "check for timer tricks or work moved out of the timed calls"),
-    "inputs-mutated": (BLOCK, "with its inputs changed in place (same pointers) the candidate's result differs "
-                       "from the base's: it caches outputs by pointer, shape or identity",
-                       "never key a cache on data_ptr()/id()/shapes of tensors; recompute every call"),
-    "unwritten-output": (BLOCK, "outputs allocated NaN-filled came back with NaN the base does not have: part of "
-                         "the output is never written (it relied on leftover memory)",
-                         "write every element of every output; don't rely on the allocator's contents"),
-    "nondeterministic": (BLOCK, "two calls on the same inputs disagree beyond the correctness tolerance: "
-                         "a race", "fix the race (atomics order, missing barriers, unsynchronized streams)"),
-    "no-own-kernel": (BLOCK, "the base launches kernels of its own, the candidate launches none: the work "
-                      "was delegated or skipped", "keep the computation in the op's own kernels"),
-    "library-compute": (BLOCK, "the candidate calls library GEMM/attention kernels (cuBLAS, SDPA) that the "
-                        "base does not", "keep the compute in the op's kernels, or justify it with --allow"),
-    "side-stream": (BLOCK, "the candidate runs kernels on more streams than the base: work on a side stream "
-                    "escapes the events on the timed stream", "run on the current stream"),
-    "output-subclass": (BLOCK, "an output is a tensor subclass (lazy outputs defer the work past the timer)",
-                        "return plain torch.Tensor outputs"),
-    "output-aliases-input": (BLOCK, "an output shares storage with an input (the base's does not)",
-                             "return freshly computed outputs"),
-    "deferred-work": (BLOCK, "outputs changed after the timed stream was synchronized: work was deferred to "
-                      "another stream or a thread", "finish all work on the calling stream before returning"),
-    "numeric-settings": (BLOCK, "numeric settings differ between the sides after the first call (TF32, matmul "
-                         "precision, TRITON_* / FLA_* environment, Triton's fp32 default)",
-                         "leave global numeric settings alone; a relaxation must be justified with --allow"),
-    "l2-persisting": (BLOCK, "the candidate set a persisting-L2 limit or an access-policy window: data kept "
-                      "resident in L2 across timed calls", "do not set persisting L2 (cudaLimitPersistingL2CacheSize, "
-                      "accessPolicyWindow)"),
-    "implausible-speedup": (BLOCK, "the candidate runs faster than the roofline floor of the cell allows "
-                            "(bytes it must move / copy bandwidth, FLOPs / GEMM rate)",
-                            "check what the candidate skips: a result that beats physics is not computed"),
-    "probe-error": (WARN, "a probe could not run on this cell", "read the worker's stderr in the run directory"),
-}
+from flaloop.guard import catalogue
+from flaloop.guard.findings import WARN, Finding
 
 
 def finding(rule: str, message: str, cell: str | None = None, side: str | None = "cand",
             severity: str | None = None) -> Finding:
-    sev, why, fix = PROBES[rule]
-    return Finding(rule=rule, severity=severity or sev, message=message, why=why, fix=fix, cell=cell, side=side)
+    """A probe finding: the rule's words come from guard/catalogue.py (PROBE_RULES)."""
+    f = catalogue.finding(rule, message, severity=severity)
+    return Finding(**{**f.__dict__, "cell": cell, "side": side})
 
 
 # -- integrity and timing (per run, per cell) ---------------------------------------------------------

@@ -21,7 +21,7 @@ from .cell import Cell
 from .compare import compare_with_dump, save_dump
 from .protocol import InitError, send, serve, short_error
 from .target import apply_backend_env, import_op, load_registry, loaded_outside, source_file
-from .tuning import triton_version
+from .tuning import dist_version, triton_version
 
 
 class Worker:
@@ -137,6 +137,8 @@ class Worker:
             'python': sys.executable,
             'torch': torch.__version__,
             'triton': triton_version(),
+            'tilelang': dist_version('tilelang'),
+            'cutlass': dist_version('nvidia-cutlass-dsl'),
             'device': dev.type,
             'device_name': device_name,
             'device_uuid': device_uuid,

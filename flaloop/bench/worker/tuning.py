@@ -72,3 +72,12 @@ def triton_version() -> str | None:
         return version('triton')
     except Exception:
         return None
+
+
+def dist_version(dist: str) -> str | None:
+    """Installed version of a distribution, read from its metadata (never imported)."""
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:
+        return None

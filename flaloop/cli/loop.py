@@ -1,0 +1,455 @@
+"""The loop's commands: baseline, iter, reassess, stop, dispatch, trap, header, status, log.
+
+Parsing and printing only; the decisions live in flaloop/loop/ (rules.py is the rule book).
+Exit codes: 0 done (an iteration delivered a status, even revert or noise), 1 a rule said no
+(gate red or guard blocked: the iteration is a `drop`; stalled; a stop bar not met; a hand-edited
+log row), 2 usage or setup (git state, no baseline, bad condition), 3 measurement failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from flaloop import git
+from flaloop.cli.app import (
+    JsonOpt,
+    PyOpt,
+    RepoOpt,
+    app,
+    command,
+    emit_json,
+    human,
+    out,
+    progress_bar,
+    with_options,
+)
+from flaloop.cli.loop_render import print_iteration, print_status
+from flaloop.cli.measure import (
+    BenchOptions,
+    GateOptions,
+    gate_plan,
+    run_bench_with_progress,
+    run_gate_with_progress,
+)
+from flaloop.cli.render import print_bench, print_gate
+from flaloop.contract import Contract
+from flaloop.errors import GateRed, MeasurementError, RuleRefused, UsageError
+from flaloop.loop import condition as cond_mod
+from flaloop.loop import header as header_mod
+from flaloop.loop import iteration, records, rules
+from flaloop.loop import traps as traps_mod
+from flaloop.loop.store import Decision, DispatchRow, Workspace, now_iso
+from flaloop.target import Target
+
+EXIT = {"keep": 0, "noise": 0, "revert": 0, "signal": 0, "baseline": 0}
+
+
+def _setup(op: str, repo: str | None, python: str | None) -> tuple[Target, Contract, Workspace]:
+    target = Target.discover(repo, python)
+    c = Contract.load(target, op)
+    return target, c, Workspace(target.workspace(op))
+
+
+def _command_line() -> str:
+    return " ".join(["flaloop", *sys.argv[1:]])
+
+
+def _no_base(opts: BenchOptions, cmd: str) -> None:
+    if opts.base:
+        raise UsageError(f"--base is not an option of `flaloop {cmd}`",
+                         "the loop picks its bases itself: the best kept iteration and the contract's base")
+
+
+def _hooks(target: Target, c: Contract, bench_opts: BenchOptions, gate_opts: GateOptions,
+           console: Console) -> iteration.Hooks:
+    from flaloop.guard import audit as audit_mod
+
+    def gate(tree: Target, k_expr: str | None):
+        workers, gpus, _ = gate_plan(gate_opts)
+        with progress_bar(console) as bar:
+            result = run_gate_with_progress(tree, c, k_expr, None, console, bar, workers, gpus,
+                                            regate=gate_opts.regate)
+        print_gate(result, console)
+        return result
+
+    def bench(base_commit: str, aa: bool, gate: dict | None) -> dict:
+        opts = dataclasses.replace(bench_opts, base=base_commit)
+        what = "A/A: the base against itself" if aa else f"the working tree against {base_commit[:12]}"
+        console.print(f"[bold]bench[/]: {escape(what)}", markup=True)
+        with progress_bar(console) as bar:
+            record = run_bench_with_progress(target, c, opts, opts.config(c, aa=aa), bar, gate=gate)
+        print_bench(record, console)
+        return record
+
+    return iteration.Hooks(gate=gate, bench=bench, audit=lambda: audit_mod.audit(target, c),
+                           say=lambda msg: console.print(msg))
+
+
+# -- baseline and iter --------------------------------------------------------------------------
+
+@app.command("baseline")
+@command
+@with_options(GateOptions, BenchOptions)
+def baseline_cmd(
+    op: str,
+    force: Annotated[bool, typer.Option("--force", help="Measure the baseline again.")] = False,
+    gate_options: GateOptions = None,  # type: ignore[assignment]
+    bench_options: BenchOptions = None,  # type: ignore[assignment]
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Phase 1: the full gate on the base, one timed run of the base; OPT_LOG.md with row 0."""
+    target, c, ws = _setup(op, repo, python)
+    _no_base(bench_options, "baseline")
+    if bench_options.shape_list() or bench_options.modes:
+        raise UsageError("the baseline times the contract's shapes and modes",
+                         f"change them with `flaloop init {op} --force --shapes ... --modes ...`")
+    console = human(as_json)
+    with ws.lock():
+        it = iteration.run_baseline(target, c, ws, _hooks(target, c, bench_options, gate_options, console),
+                                    force=force, command=_command_line())
+    if as_json:
+        emit_json({"ok": True, "iteration": it.to_dict(), "opt_log": str(ws.opt_log), "traps": str(ws.traps_md)})
+        return
+    out.print(f"baseline of {op} recorded: {records.env_line(it.baseline['env'], it.commit)}")
+    for cell in it.baseline["cells"]:
+        out.print(f"  {cell['id']}: device {records.fmt_ms(cell['device_ms'])} ms, eager {records.fmt_ms(cell['eager_ms'])} ms "
+                  f"({cell['timer']})")
+    out.print(f"wrote {ws.opt_log} and {ws.traps_md}")
+    out.print(f"next: edit the kernel, then `flaloop iter {op} \"<one-line direction>\"`")
+
+
+def _subset(opts: BenchOptions, c: Contract) -> str | None:
+    why = ["--quick (one round, a wide stopping rule)"] if opts.quick else []
+    shapes = opts.shape_list()
+    if shapes and not set(c.shapes) <= set(shapes):
+        why.append(f"shapes {','.join(shapes)} of {','.join(c.shapes)}")
+    modes = [m for m in (opts.modes or "").split(",") if m]
+    if modes and not set(c.modes) <= set(modes):
+        why.append(f"modes {','.join(modes)} of {','.join(c.modes)}")
+    return "; ".join(why) or None
+
+
+@app.command("iter")
+@command
+@with_options(GateOptions, BenchOptions)
+def iter_cmd(
+    op: str,
+    direction: Annotated[str, typer.Argument(help="One line: what this change tries.")],
+    gate_k: Annotated[str | None, typer.Option(
+        "--gate-k", help="Gate on a pytest -k subset: a signal iteration (never keep, not reverted).")] = None,
+    note: Annotated[str, typer.Option("--note", help="A remark for the row.")] = "",
+    gate_options: GateOptions = None,  # type: ignore[assignment]
+    bench_options: BenchOptions = None,  # type: ignore[assignment]
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """One iteration: gate, guard, bench vs the best and the base, one OPT_LOG row, one commit."""
+    target, c, ws = _setup(op, repo, python)
+    _no_base(bench_options, "iter")
+    console = human(as_json)
+    with ws.lock():
+        it = iteration.run_iteration(target, c, ws, _hooks(target, c, bench_options, gate_options, console),
+                                     direction=direction, k_expr=gate_k, subset=_subset(bench_options, c),
+                                     note=note, command=_command_line())
+    measured = bool(it.gate and it.gate.get("green")) and not it.guard["blocked"]
+    code = EXIT.get(it.status, 3 if measured else 1)
+    if as_json:
+        emit_json({"ok": True, "exit_code": code, "iteration": it.to_dict(), "row": records.render_row(
+            records.iteration_row(it)), "opt_log": str(ws.opt_log)})
+    else:
+        print_iteration(it, ws, out)
+    raise typer.Exit(code)
+
+
+# -- reassess and stop --------------------------------------------------------------------------
+
+def _require(**texts: str | None) -> None:
+    empty = [f"--{k.replace('_', '-')}" for k, v in texts.items() if not (v or "").strip()]
+    if empty:
+        raise UsageError(f"{', '.join(empty)} must say something", "each is one or two sentences")
+
+
+def _checked_log(ws: Workspace, c: Contract):
+    iters = ws.iterations()
+    if rules.baseline_of(iters) is None:
+        raise UsageError(f"no baseline for {c.op} yet", f"run `flaloop baseline {c.op}` first")
+    edits = records.check_doc(ws, ws.opt_log)
+    if edits:
+        raise records.HandEdited(ws.opt_log, c.op, edits)
+    return iters
+
+
+@app.command("reassess")
+@command
+def reassess_cmd(
+    op: str,
+    profiled: Annotated[str, typer.Option("--profiled", help="What was re-profiled, and what it showed.")] = "",
+    tried: Annotated[str, typer.Option("--tried", help="Which axes the log shows as tried.")] = "",
+    next_: Annotated[str, typer.Option("--next", help="The next direction.")] = "",
+    why: Annotated[str, typer.Option("--why", help="Why that direction, given the profile.")] = "",
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Record a re-assessment in OPT_LOG.md; it releases a stalled loop."""
+    _require(profiled=profiled, tried=tried, next=next_, why=why)
+    target, c, ws = _setup(op, repo, python)
+    with ws.lock():
+        iters = _checked_log(ws, c)
+        decisions = ws.decisions()
+        stall = rules.stall_count(iters, decisions)
+        d = Decision(n=max((x.n for x in decisions), default=0) + 1, kind="reassess",
+                     after_iter=max(i.iter for i in iters), created=now_iso(),
+                     data={"profiled": profiled.strip(), "tried": tried.strip(), "next": next_.strip(),
+                           "why": why.strip(), "directions": rules.tried(iters), "stall_before": stall})
+        ws.save_decision(d)
+        iteration.render(ws, c)
+    if as_json:
+        emit_json({"ok": True, "decision": d.to_dict(), "opt_log": str(ws.opt_log)})
+        return
+    out.print(f"re-assessment R{d.n} after iteration {d.after_iter} recorded (stall counter {stall} -> 0)")
+    out.print("directions the log shows as tried:")
+    for t in d.data["directions"]:
+        out.print(f"  #{t['iter']} {t['direction']}: {t['status']} ({records.fmt_x(t['vs_best'])} vs best)")
+    out.print(f"next: {d.data['next']}")
+
+
+@app.command("stop")
+@command
+def stop_cmd(
+    op: str,
+    go: Annotated[bool, typer.Option("--go", help="The target is met: stop with a go.")] = False,
+    no_go: Annotated[bool, typer.Option("--no-go", help="Stop without reaching the target.")] = False,
+    bound: Annotated[str | None, typer.Option(
+        "--bound", help='With --no-go: the limit and its number, "HBM bandwidth: 3.9 of 4.3 TB/s on B8_T2048".')] = None,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Stop the loop: --go needs a kept iteration that meets the target; --no-go the five-item bar."""
+    if go == no_go:
+        raise UsageError("say --go or --no-go", "--go when a kept iteration meets the target, --no-go otherwise")
+    target, c, ws = _setup(op, repo, python)
+    with ws.lock():
+        iters = ws.iterations()
+        if rules.baseline_of(iters) is not None and (edits := records.check_doc(ws, ws.opt_log)):
+            raise records.HandEdited(ws.opt_log, c.op, edits)
+        if go:
+            missing = rules.go_missing(iters, ws.dispatch_rows(), target=c.target_speedup, shapes=c.shapes,
+                                       modes=c.modes)
+        else:
+            missing = rules.no_go_missing(iters, bound)
+        verdict = "go" if go else "no-go"
+        if missing:
+            msg = (f"stop --{verdict} refused; missing: {', '.join(k for k, _ in missing)}\n"
+                   + "\n".join(f"  - {k}: {v}" for k, v in missing))
+            if as_json:
+                emit_json({"ok": False, "error": msg, "missing": [{"item": k, "why": v} for k, v in missing],
+                           "exit_code": 1})
+                console = human(True)
+                console.print(msg)
+                raise typer.Exit(1)
+            raise RuleRefused(msg, "`flaloop status` shows where the loop stands")
+        best = rules.best(iters)
+        decisions = ws.decisions()
+        d = Decision(n=max((x.n for x in decisions), default=0) + 1, kind="stop",
+                     after_iter=max(i.iter for i in iters), created=now_iso(),
+                     data={"verdict": verdict, "bound": (bound or "").strip() or None, "iter": best.iter,
+                           "commit": best.commit, "speedup": rules.speedup_vs_base(best),
+                           "target": c.target_speedup, "conditions": rules.stop_conditions(iters, c.max_iters),
+                           "bar": list(rules.NO_GO_ITEMS) if no_go else ["keep", "full gate", "target",
+                                                                         "full shape set"]})
+        ws.save_decision(d)
+        iteration.render(ws, c)
+    if as_json:
+        emit_json({"ok": True, "decision": d.to_dict(), "opt_log": str(ws.opt_log)})
+        return
+    if go:
+        out.print(f"stop --go recorded: iteration {best.iter} ({best.commit[:12]}) at "
+                  f"{records.fmt_x(d.data['speedup'])} vs base, target {c.target_speedup:g}x")
+    else:
+        out.print(f"stop --no-go recorded: {d.data['bound']}")
+    out.print(f"next: flaloop report {op}")
+
+
+# -- dispatch (phase 3) -------------------------------------------------------------------------
+
+def _entry_defined(target: Target, c: Contract, name: str) -> bool:
+    """Whether the op's package directory defines `name` (a def or an assignment)."""
+    pkg_dir = (target.root / c.entry_file).parent
+    pattern = re.compile(rf"^\s*(def\s+{re.escape(name)}\s*\(|{re.escape(name)}\s*=)", re.M)
+    return any(pattern.search(p.read_text(errors="replace")) for p in pkg_dir.rglob("*.py"))
+
+
+@app.command("dispatch")
+@command
+@with_options(BenchOptions)
+def dispatch_cmd(
+    op: str,
+    action: Annotated[str, typer.Argument(help="add (bench the bucket, write the row) or list.")],
+    when: Annotated[str | None, typer.Option("--when", help='Bucket condition over B, T, H, D: "T<=512".')] = None,
+    entry: Annotated[str | None, typer.Option("--entry", help="The specialized entry point's name.")] = None,
+    why: Annotated[str | None, typer.Option("--why", help="Why this bucket gets its own path.")] = None,
+    bench_options: BenchOptions = None,  # type: ignore[assignment]
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Phase 3: a shape bucket routed to a specialized entry point, with its measured row in dispatch.md."""
+    target, c, ws = _setup(op, repo, python)
+    if action == "list":
+        rows = ws.dispatch_rows()
+        if as_json:
+            emit_json({"ok": True, "rows": [r.to_dict() for r in rows], "dispatch_md": str(ws.dispatch_md)})
+        else:
+            for r in rows:
+                out.print(records.render_row(records.dispatch_row(r)))
+        return
+    if action != "add":
+        raise UsageError(f"unknown dispatch action {action!r}", "use `add` or `list`")
+    _require(when=when, entry=entry, why=why)
+    _no_base(bench_options, "dispatch")
+    if bench_options.shape_list():
+        raise UsageError("--shapes is not an option of `dispatch add`", "the bucket's condition (--when) picks them")
+    cond = cond_mod.Condition.parse(when or "")
+    shape_configs = target.shape_configs(target.op(op))
+    shapes = cond_mod.bucket(cond, shape_configs)
+    if not shapes:
+        raise UsageError(f"no registry shape matches --when {cond.text!r}: there is nothing to measure, and a "
+                         "dispatch row needs a measurement",
+                         "shapes: " + ", ".join(f"{k} {v}" for k, v in shape_configs.items()))
+    if not re.fullmatch(r"[A-Za-z_]\w*", entry or ""):
+        raise UsageError(f"--entry {entry!r} is not a Python name")
+    if not _entry_defined(target, c, entry):
+        raise UsageError(f"{entry} is not defined under {(target.root / c.entry_file).parent.relative_to(target.root)}",
+                         "write the specialized entry point first; the row records what was measured")
+    console = human(as_json)
+    with ws.lock():
+        iters = _checked_log(ws, c)
+        if edits := records.check_doc(ws, ws.dispatch_md):
+            raise records.HandEdited(ws.dispatch_md, c.op, edits)
+        opts = dataclasses.replace(bench_options, base=c.base_commit, shapes=[",".join(shapes)])
+        console.print(f"[bold]bench[/]: bucket {escape(cond.text)} = {escape(', '.join(shapes))}, the working tree "
+                      f"against the base {c.base_commit[:12]}", markup=True)
+        with progress_bar(console) as bar:
+            record = run_bench_with_progress(target, c, opts, opts.config(c), bar, gate=None)
+        print_bench(record, console)
+        cmp = rules.compare(record, ws.rel(record.get("path")))
+        if cmp["blocked"]:
+            raise GateRed("a bench cell of the bucket was blocked (base and candidate disagree): no row written",
+                          "fix the specialized path; `flaloop gate` and `flaloop bench` show the cells")
+        if not cmp["complete"]:
+            raise MeasurementError("the bucket could not be measured on every cell: no row written",
+                                   f"see {record.get('path')}")
+        if cmp["verdict"] != "FASTER":
+            g = cmp["geomean"]
+            raise RuleRefused(f"the bucket is {g['speedup']:.4f}x [{g['ci_low']:.4f}, {g['ci_high']:.4f}] "
+                              f"{cmp['verdict']} vs the base: a specialization must be measurably faster to "
+                              f"earn a row", f"the measurement is kept in {record.get('path')}")
+        best = rules.best(iters)
+        clean = not record["candidate"].get("dirty")
+        same = best.iter if best.status == "keep" and clean and git.same_tree(
+            target.root, record["candidate"]["head"], best.commit) else None
+        rows = ws.dispatch_rows()
+        row = DispatchRow(
+            n=max((r.n for r in rows), default=0) + 1, condition=cond.text, entry=entry, why=(why or "").strip(),
+            shapes=shapes, vs_base=cmp, latency=[{"id": x["id"], "base_ms": x["base_ms"], "cand_ms": x["cand_ms"]}
+                                                 for x in cmp["cells"]],
+            tree={k: record["candidate"].get(k) for k in ("head", "dirty", "diff_hash")},
+            after_iter=max(i.iter for i in iters), created=now_iso(), same_as_iter=same)
+        ws.save_dispatch(row)
+        iteration.render(ws, c)
+    if as_json:
+        emit_json({"ok": True, "row": row.to_dict(), "dispatch_md": str(ws.dispatch_md)})
+        return
+    out.print(f"dispatch row {row.n}: {records.render_row(records.dispatch_row(row))}")
+    if same is None:
+        out.print(f"before `flaloop stop {op} --go`: commit the dispatch with `flaloop iter`, so that the full "
+                  "shape set is measured with it")
+
+
+# -- traps, header, status, log -----------------------------------------------------------------
+
+@app.command("trap")
+@command
+def trap_cmd(
+    action: Annotated[str, typer.Argument(help="add")],
+    op: str,
+    fact: Annotated[str, typer.Option("--fact", help="What is true.")] = "",
+    why: Annotated[str, typer.Option("--why", help="Why it bites.")] = "",
+    how: Annotated[str, typer.Option("--how", help="How to apply it.")] = "",
+    title: Annotated[str | None, typer.Option("--title", help="A short name (default: the fact's start).")] = None,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Append a trap (Fact / Why / How to apply) to profile/<op>-opt/TRAPS.md."""
+    if action != "add":
+        raise UsageError(f"unknown trap action {action!r}", "use `flaloop trap add OP --fact ... --why ... --how ...`")
+    _require(fact=fact, why=why, how=how)
+    target, c, ws = _setup(op, repo, python)
+    last = max((i.iter for i in ws.iterations()), default=None)
+    source = f"added on {now_iso()[:10]}" + (f" after iteration {last}" if last is not None else "")
+    name = (title or "").strip() or _short_title(fact)
+    with ws.lock():
+        n = traps_mod.add(ws, op, traps_mod.Trap(name, fact.strip(), why.strip(), how.strip(), source))
+    if as_json:
+        emit_json({"ok": True, "trap": n, "title": name, "traps": str(ws.traps_md)})
+        return
+    out.print(f"T{n}. {name} appended to {ws.traps_md}")
+
+
+def _short_title(text: str, n: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3].rsplit(" ", 1)[0] + "..."
+
+
+@app.command("header")
+@command
+def header_cmd(
+    op: str,
+    iter_n: Annotated[int, typer.Option("--iter", help="A kept iteration.")],
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Print the kept kernel's header: Identity, Delta, Lessons, Dead-ends, Open directions."""
+    target, c, ws = _setup(op, repo, python)
+    found = traps_mod.parse_traps(ws.traps_md.read_text()) if ws.traps_md.exists() else []
+    sections = header_mod.header(c, ws.iterations(), ws.decisions(), found, iter_n)
+    if as_json:
+        emit_json({"ok": True, "iter": iter_n, "sections": sections, "text": header_mod.render(sections)})
+        return
+    print(header_mod.render(sections), end="")
+
+
+@app.command("status")
+@command
+def status_cmd(op: str, repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False) -> None:
+    """Where the loop stands: phase, iterations, best, stall counter, last gate, target, next command."""
+    target, c, ws = _setup(op, repo, python)
+    st = rules.state(ws.iterations(), ws.decisions(), ws.dispatch_rows(), op=op, target=c.target_speedup,
+                     max_iters=c.max_iters, shapes=c.shapes, modes=c.modes)
+    edits = records.check_doc(ws, ws.opt_log)
+    doc = {"ok": True, "op": op, **st, "opt_log": {"path": str(ws.opt_log), "hand_edits": [e.to_dict() for e in edits]},
+           "workspace": {"path": str(ws.path)}}
+    if as_json:
+        emit_json(doc)
+        return
+    print_status(doc, out)
+
+
+@app.command("log")
+@command
+def log_cmd(
+    op: str,
+    restore: Annotated[bool, typer.Option(
+        "--restore", help="Render over hand-edited rows (the edited file is saved beside it).")] = False,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Render OPT_LOG.md (and dispatch.md) from the records; a hand-edited row is reported (exit 1)."""
+    target, c, ws = _setup(op, repo, python)
+    with ws.lock():
+        saved = iteration.render(ws, c, restore=restore)
+    if as_json:
+        emit_json({"ok": True, "opt_log": str(ws.opt_log), "saved": [str(p) for p in saved]})
+        return
+    out.print(f"rendered {ws.opt_log}")
+    for p in saved:
+        out.print(f"your edited version is kept as {p}")

@@ -1,0 +1,127 @@
+"""`flaloop profile` and `flaloop report`: the profiler reading, and the final claim from stored records."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flaloop import contract as contract_mod
+from flaloop import fsutil
+from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, emit_json, human, out
+from flaloop.target import Target
+
+
+@app.command("profile")
+@command
+def profile_cmd(
+    op: str,
+    shape: Annotated[str | None, typer.Option("--shape", help="Registry shape name (default: the contract's first).")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="fwd or fwdbwd (default: the contract's first).")] = None,
+    ncu: Annotated[bool, typer.Option("--ncu", help="Also run Nsight Compute (--set full + PmSampling, --set source "
+                                                    "+ SourceCounters, --clock-control none).")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda when available).")] = None,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """One step of one bench cell under torch.profiler, base and candidate side by side (and ncu with --ncu)."""
+    from flaloop import profiling
+    from flaloop.errors import UsageError
+
+    if mode not in (None, "fwd", "fwdbwd"):
+        raise UsageError(f"--mode {mode!r} is not fwd or fwdbwd")
+    if device not in (None, "cuda", "cpu"):
+        raise UsageError(f"--device {device!r} is not cuda or cpu")
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    console = human(as_json)
+
+    def on_event(kind: str, **info) -> None:
+        what = {"side": f"profiling the {info.get('side')} side", "ncu": "Nsight Compute",
+                "ceilings": "device ceilings (measured once per device, then cached)"}.get(kind, kind)
+        console.print(f"  {what} ...")
+
+    doc = profiling.profile(target, c, shape=shape, mode=mode, ncu=ncu, device=device,
+                            command=" ".join(["flaloop", *sys.argv[1:]]), on_event=on_event)
+    if as_json:
+        emit_json({"ok": True, **doc})
+        return
+    print_profile(doc)
+
+
+def print_profile(doc: dict) -> None:
+    from rich.table import Table
+
+    out.print(f"{doc['op']} {doc['cell']['id']}: one step, {doc['kernels_are']}")
+    t = Table(title="top kernels, base vs candidate (ms in one step)")
+    for col in ("kernel", "base ms", "base launches", "cand ms", "cand launches"):
+        t.add_column(col)
+    by = {s: {k["name"]: k for k in doc[s]["kernels"]} for s in ("base", "cand")}
+    names = list(dict.fromkeys([k["name"] for s in ("cand", "base") for k in doc[s]["kernels"][:10]]))
+    for n in names:
+        b, c = by["base"].get(n) or {}, by["cand"].get(n) or {}
+        t.add_row(n[:80], f"{b['total_ms']:.4f}" if b else "-", str(b.get("launches", "-")),
+                  f"{c['total_ms']:.4f}" if c else "-", str(c.get("launches", "-")))
+    out.print(t)
+    for s in ("base", "cand"):
+        d = doc[s]
+        share = d["device_total_ms"] / d["step_wall_ms"] if d["step_wall_ms"] else 0
+        out.print(f"  {s}: {d['device_total_ms']:.4f} ms in {d['n_launches']} launches, host wall "
+                  f"{d['step_wall_ms']:.4f} ms per step ({share:.0%} busy); trace {d['trace']}")
+    roof = doc.get("roofline")
+    if roof and roof.get("floor_ms"):
+        out.print(f"  roofline ({roof['family']}): floor {roof['floor_ms']:.4f} ms, {roof['bound']}-bound; "
+                  f"base at {roof['pct_of_floor_base'] or 0:.1f}%, cand at {roof['pct_of_floor_cand'] or 0:.1f}% of it")
+    ncu = doc.get("ncu") or {}
+    out.print(f"  ncu: {'reports ' + json.dumps(ncu.get('reports')) if ncu.get('available') else ncu.get('reason')}")
+    out.print(f"profile: {doc['path']}")
+
+
+@app.command("report")
+@command
+def report_cmd(
+    op: str,
+    out_dir: Annotated[str | None, typer.Option("--out", help="Where REPORT.md, report.json and the PNGs go "
+                                                              "(default: profile/<op>-opt/report/).")] = None,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """The final claim from stored records (nothing is re-measured): markdown for the PR, JSON and PNG plots.
+
+    Exits 1, naming the reason, rather than claim a win on a -k gate, a red or missing gate, a
+    blocking guard finding, blocked cells, or records of another commit than the claim's.
+    """
+    from flaloop import report as report_mod
+    from flaloop import roofline
+    from flaloop.report_render import render
+
+    target = Target.discover(repo, python)
+    try:
+        family = roofline.family_for(target.op(op).registry, op)
+    except Exception:  # noqa: BLE001 - no registry to read: the report says "no model"
+        family = None
+    doc = report_mod.build(target, op, family=family)
+    dest = Path(out_dir).resolve() if out_dir else target.workspace(op) / "report"
+    dest.mkdir(parents=True, exist_ok=True)
+    plots = {}
+    if not no_plots:
+        from flaloop.report_plots import write_plots
+
+        plots = write_plots(doc, dest)
+    md = render(doc, plots)
+    fsutil.atomic_write_text(dest / "REPORT.md", md)
+    doc["files"] = {"markdown": str(dest / "REPORT.md"), "json": str(dest / "report.json"), "plots": plots}
+    fsutil.atomic_write_json(dest / "report.json", doc)
+    console = human(as_json)
+    if as_json:
+        emit_json({**doc, "exit_code": 0 if doc["claim_ok"] else 1})
+    else:
+        out.print(md)
+    if not doc["claim_ok"]:
+        console.print(f"REFUSED to claim a win: {', '.join(r['reason'] for r in doc['refused'])}")
+        for r in doc["refused"]:
+            console.print(f"  {r['reason']}: {r['message']}\n    hint: {r['hint']}")
+    console.print(f"report: {dest / 'REPORT.md'}")
+    raise typer.Exit(0 if doc["claim_ok"] else 1)

@@ -1,0 +1,69 @@
+"""The static rules: each check reads one parsed file and yields `Hit`s.
+
+A check sees one version of a file (base or candidate) and reports *everything* it matches;
+guard/static.py runs it on both versions and keeps only what the candidate adds, so a check
+never needs to know about the diff. A hit's `key` says which occurrences are "the same thing"
+across versions (e.g. `cast:torch.bfloat16`): the base's count of a key is the candidate's
+allowance for it.
+
+A new rule: a `Rule` in guard/catalogue.py, and a check function in a sibling module, in that
+module's CHECKS list (a new module goes into `_checks()` below).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from flaloop.guard.source import Source
+
+
+@dataclass
+class Hit:
+    rule: str
+    key: str                    # what counts as the same occurrence in base and candidate
+    node: ast.AST
+    message: str
+    severity: str | None = None  # None: the rule's default
+
+    @property
+    def line(self) -> int:
+        return getattr(self.node, "lineno", 1)
+
+    @property
+    def end_line(self) -> int:
+        return getattr(self.node, "end_lineno", None) or self.line
+
+
+@dataclass
+class FileContext:
+    """What a check may know beyond the file itself."""
+    path: str
+    op_code: bool = True             # part of the op's package or of what the op imports
+    triton_base: bool = False        # the op (this file or its entry file) had Triton kernels at the base
+    shape_literals: frozenset[int] = frozenset()
+    tensor_names: frozenset[str] = frozenset()
+    package: str = ""
+    # module (+ name) -> repo-relative file that defines it, or None (see static.Resolver)
+    resolve: Callable[[str, str | None], str | None] = lambda mod, name: None
+    frozen: dict[str, str] = field(default_factory=dict)      # repo-relative path -> why the gate freezes it
+    references: dict[str, str] = field(default_factory=dict)  # the frozen files the test compares against
+
+
+Check = Callable[[Source, FileContext], Iterator[Hit]]
+
+
+def _checks() -> list[Check]:
+    from flaloop.guard.rules import delegation, harness, numeric, state
+
+    return [*numeric.CHECKS, *delegation.CHECKS, *state.CHECKS, *harness.CHECKS]
+
+
+def run_checks(src: Source, ctx: FileContext) -> list[Hit]:
+    if src.tree is None:
+        return []
+    hits: list[Hit] = []
+    for check in _checks():
+        hits.extend(check(src, ctx))
+    return hits

@@ -1,0 +1,214 @@
+"""The loop's records on disk: one JSON file per iteration, decision and dispatch row.
+
+Layout under `profile/<op>-opt/` (paths inside records are relative to that directory):
+
+    iters/0000.json        the baseline (iteration 0); iters/NNNN.json one per `flaloop iter`
+    decisions/NNN-KIND.json  re-assessments (`flaloop reassess`) and verdicts (`flaloop stop`)
+    dispatch/NNN.json      one measured row of dispatch.md (`flaloop dispatch OP add`)
+    OPT_LOG.md, dispatch.md  rendered from the records above (see records.py)
+    TRAPS.md               the trap catalogue, seeded by `flaloop baseline`
+    .rendered/             what flaloop last wrote into the rendered files (to spot hand edits)
+
+The records are the source of truth; the markdown is a view of them. Every write goes through
+`atomic_write`, so an interrupted command leaves either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from flaloop import fsutil, locks
+from flaloop.errors import UsageError
+
+SCHEMA = 1
+STATUSES = ("baseline", "keep", "revert", "drop", "noise", "signal")
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a temp file in the same directory and os.replace."""
+    return fsutil.atomic_write_text(path, text)
+
+
+def _from_dict(cls, data: dict):
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Iteration:
+    """One row of OPT_LOG.md. The keys are read by `flaloop report`: keep them."""
+
+    iter: int
+    direction: str
+    status: str  # one of STATUSES
+    commit: str  # the candidate's commit (the base commit for the baseline)
+    best_before: str  # the best kept commit when this iteration started
+    created: str = ""
+    revert_commit: str | None = None
+    gate: dict | None = None  # {green, signal_only, counts, k_expr, log_path}
+    guard: dict = field(default_factory=lambda: {"blocked": False, "findings": []})
+    vs_best: dict | None = None  # a comparison (rules.compare): {record, geomean, verdict, cells, ...}
+    vs_base: dict | None = None
+    worst_cell: dict | None = None  # {id, speedup}, from vs_best
+    note: str = ""
+    wall_s: float = 0.0
+    command: str = ""
+    files: list[str] = field(default_factory=list)  # what the commit took
+    reverted: list[str] = field(default_factory=list)  # commits the revert undid (the candidate first)
+    baseline: dict | None = None  # iteration 0 only: env, per-cell timings, the A/A check
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Iteration:
+        return _from_dict(cls, data)
+
+
+@dataclass
+class Decision:
+    """A re-assessment (`kind` "reassess") or a stop verdict (`kind` "stop")."""
+
+    n: int
+    kind: str
+    after_iter: int  # the last iteration when it was made
+    created: str
+    data: dict = field(default_factory=dict)
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Decision:
+        return _from_dict(cls, data)
+
+
+@dataclass
+class DispatchRow:
+    """One shape bucket routed to a specialized entry point, with the measurement behind it."""
+
+    n: int
+    condition: str
+    entry: str
+    why: str
+    shapes: list[str]
+    vs_base: dict  # a comparison of the bucket's shapes against the base
+    latency: list[dict]  # per cell: {id, base_ms, cand_ms}
+    tree: dict  # the measured tree: {head, dirty, diff_hash}
+    after_iter: int
+    created: str
+    # The kept iteration whose committed tree is exactly the one measured here, if any: that keep's
+    # full-shape measurement already includes this dispatch.
+    same_as_iter: int | None = None
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DispatchRow:
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The loop's view of `profile/<op>-opt/`."""
+
+    path: Path
+
+    @property
+    def iters_dir(self) -> Path:
+        return self.path / "iters"
+
+    @property
+    def opt_log(self) -> Path:
+        return self.path / "OPT_LOG.md"
+
+    @property
+    def dispatch_md(self) -> Path:
+        return self.path / "dispatch.md"
+
+    @property
+    def traps_md(self) -> Path:
+        return self.path / "TRAPS.md"
+
+    def rendered_copy(self, doc: Path) -> Path:
+        return self.path / ".rendered" / doc.name
+
+    def rel(self, path: str | Path | None) -> str | None:
+        """A path as records store it: relative to the workspace when inside it."""
+        if not path:
+            return None
+        p = Path(path).resolve()
+        try:
+            return str(p.relative_to(self.path.resolve()))
+        except ValueError:
+            return str(p)
+
+    # -- records ----------------------------------------------------------------------------
+
+    def _load(self, directory: Path, pattern: str, cls):
+        out = []
+        if not directory.is_dir():
+            return out
+        for p in sorted(directory.iterdir()):
+            if not re.fullmatch(pattern, p.name):
+                continue
+            try:
+                out.append(cls.from_dict(json.loads(p.read_text())))
+            except (json.JSONDecodeError, TypeError) as exc:
+                raise UsageError(f"the loop record {p} is damaged: {exc}",
+                                 "restore it from a backup, or delete it and rerun the command that wrote it") from exc
+        return out
+
+    def iterations(self) -> list[Iteration]:
+        return sorted(self._load(self.iters_dir, r"\d{4}\.json", Iteration), key=lambda i: i.iter)
+
+    def save_iteration(self, it: Iteration) -> Path:
+        return atomic_write(self.iters_dir / f"{it.iter:04d}.json", json.dumps(it.to_dict(), indent=1) + "\n")
+
+    def decisions(self) -> list[Decision]:
+        return sorted(self._load(self.path / "decisions", r"\d{3}-\w+\.json", Decision), key=lambda d: d.n)
+
+    def save_decision(self, d: Decision) -> Path:
+        return atomic_write(self.path / "decisions" / f"{d.n:03d}-{d.kind}.json",
+                            json.dumps(d.to_dict(), indent=1) + "\n")
+
+    def dispatch_rows(self) -> list[DispatchRow]:
+        return sorted(self._load(self.path / "dispatch", r"\d{3}\.json", DispatchRow), key=lambda d: d.n)
+
+    def save_dispatch(self, row: DispatchRow) -> Path:
+        return atomic_write(self.path / "dispatch" / f"{row.n:03d}.json", json.dumps(row.to_dict(), indent=1) + "\n")
+
+    def archive(self, stamp: str) -> Path | None:
+        """Move the loop's records and documents aside (a new base starts a new log); nothing is deleted."""
+        names = ("iters", "decisions", "dispatch", "OPT_LOG.md", "dispatch.md", ".rendered")
+        present = [n for n in names if (self.path / n).exists()]
+        if not present:
+            return None
+        dest = self.path / "archive" / stamp
+        dest.mkdir(parents=True, exist_ok=True)
+        for n in present:
+            os.replace(self.path / n, dest / n)
+        return dest
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One flaloop command per op at a time (two `iter`s would race for the number and the commit,
+        an `iter` and a `bench` for the workspace): the workspace lock of every command
+        (flaloop/locks.py), not waiting (Busy, exit 2, names the holder)."""
+        with locks.lock_dir(self.path, wait=False, command="loop", busy_hint="wait for it to finish, then rerun"):
+            yield

@@ -1,0 +1,155 @@
+"""Runs inside the TARGET's interpreter, as a script: one step of one bench cell, profiled.
+
+    python profile_step.py --tree T --registry R --op OP --cell CELL_JSON --out DIR [--device cpu|cuda]
+                           [--side base|cand] [--ncu-target]
+
+The inputs are built by flaloop's own bench worker (loaded by path, never `import flaloop`), so
+the profiled step is exactly the call the bench times: same registry, seed, transforms and
+overrides; fwd under no_grad, fwdbwd as forward + backward(dO). The cell is warmed up first
+(compile, autotune). Then:
+
+- default: three unprofiled steps give the host wall time of a step; one step runs under
+  torch.profiler inside a `flaloop_step` range; the Chrome/Perfetto trace goes to
+  DIR/trace-<side>.json and a kernel table (GPU kernels, or CPU ops without a GPU) to
+  DIR/step-<side>.json;
+- --ncu-target: one step inside the NVTX range `flaloop_step` and nothing else, for
+  `ncu --nvtx --nvtx-include flaloop_step/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+WORKER = Path(__file__).resolve().parents[1] / "bench" / "worker"
+PACKAGE = "_flaloop_worker"
+
+
+def _load_worker():
+    """The bench worker's package, under the private name it always has (see its __init__)."""
+    spec = importlib.util.spec_from_file_location(PACKAGE, WORKER / "__init__.py",
+                                                  submodule_search_locations=[str(WORKER)])
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = pkg
+    spec.loader.exec_module(pkg)
+    return importlib.import_module(f"{PACKAGE}.server")
+
+
+def _build(args):
+    wmod = _load_worker()
+    wargs = argparse.Namespace(tree=args.tree, registry=args.registry, op=args.op, side=args.side,
+                               device=args.device, workdir=None, backend=None)
+    worker = wmod.Worker(wargs)
+    if worker.init_error:
+        raise RuntimeError(f"could not import {args.op}: {worker.init_error[0]}")
+    hello = worker.handle("hello", {})
+    cell_spec = json.loads(args.cell)
+    setup = worker.handle("setup", {"cell": cell_spec})
+    cell = worker.cells[str(cell_spec["id"])]
+    import torch
+
+    return torch, worker, cell, hello, setup
+
+
+def _sync(torch, cell) -> None:
+    if cell.is_cuda:
+        torch.cuda.synchronize()
+
+
+def _kernels_from_trace(trace_path: Path, cuda: bool) -> list[dict]:
+    """GPU kernels (and memcpy/memset) of the trace, by name: total ms and launches."""
+    data = json.loads(trace_path.read_text())
+    by: dict[str, dict] = {}
+    cats = ("kernel", "gpu_memcpy", "gpu_memset") if cuda else ()
+    for ev in data.get("traceEvents", []):
+        if ev.get("ph") != "X" or ev.get("cat") not in cats:
+            continue
+        k = by.setdefault(ev["name"], {"name": ev["name"], "total_ms": 0.0, "launches": 0, "cat": ev["cat"]})
+        k["total_ms"] += float(ev.get("dur", 0.0)) / 1e3
+        k["launches"] += 1
+    return sorted(by.values(), key=lambda k: -k["total_ms"])
+
+
+def _cpu_ops(prof) -> list[dict]:
+    """Without a GPU the 'kernels' are the profiler's CPU ops, by self time."""
+    out = []
+    for e in prof.key_averages():
+        self_us = float(getattr(e, "self_cpu_time_total", 0.0) or 0.0)
+        if self_us <= 0 or e.key == "flaloop_step":
+            continue
+        out.append({"name": e.key, "total_ms": self_us / 1e3, "launches": int(e.count), "cat": "cpu_op"})
+    return sorted(out, key=lambda k: -k["total_ms"])
+
+
+def profile(args) -> dict:
+    torch, worker, cell, hello, setup = _build(args)
+    s = cell.sets[0]
+    walls = []
+    for _ in range(3):
+        _sync(torch, cell)
+        t0 = time.perf_counter()
+        cell.call(s)
+        _sync(torch, cell)
+        walls.append((time.perf_counter() - t0) * 1e3)
+    if args.ncu_target:
+        torch.cuda.nvtx.range_push("flaloop_step")
+        cell.call(s)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        return {"hello": hello, "ncu_target": True}
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as tprofile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cell.is_cuda else [])
+    with tprofile(activities=activities, record_shapes=True) as prof:
+        with record_function("flaloop_step"):
+            cell.call(s)
+            _sync(torch, cell)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trace = out / f"trace-{args.side}.json"
+    prof.export_chrome_trace(str(trace))
+    kernels = _kernels_from_trace(trace, True) if cell.is_cuda else _cpu_ops(prof)
+    total = sum(k["total_ms"] for k in kernels)
+    for k in kernels:
+        k["share"] = k["total_ms"] / total if total else None
+        k["mean_us"] = 1e3 * k["total_ms"] / k["launches"] if k["launches"] else None
+    return {
+        "hello": hello, "setup": {k: setup.get(k) for k in ("timer", "n_sets", "set_bytes", "warmup_s", "tuning")},
+        "trace": str(trace), "device": "cuda" if cell.is_cuda else "cpu",
+        "kernels_are": "CUDA kernels" if cell.is_cuda else "CPU ops (no GPU: the profiler's CPU operators)",
+        "step_wall_ms": statistics.median(walls), "step_wall_ms_all": walls,
+        "device_total_ms": total, "n_launches": sum(k["launches"] for k in kernels), "kernels": kernels[:40],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tree", required=True)
+    p.add_argument("--registry", required=True)
+    p.add_argument("--op", required=True)
+    p.add_argument("--cell", required=True, help="the cell as the bench sends it (JSON)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--side", default="cand", choices=["base", "cand"])
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"])
+    p.add_argument("--ncu-target", action="store_true")
+    args = p.parse_args()
+    result_path = Path(args.out) / f"step-{args.side}{'-ncu' if args.ncu_target else ''}.json"
+    try:
+        result = {"ok": True, **profile(args)}
+    except BaseException as exc:  # noqa: BLE001 - the orchestrator shows it
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    os.makedirs(args.out, exist_ok=True)
+    result_path.write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"""`flaloop report OP`: the final claim, from stored records only (nothing is measured here).
+
+Inputs, all under `profile/<op>-opt/`: bench run records (`runs/*/record.json`), the gate's
+`gate/last.json`, the loop's iteration records (`iters/NNNN.json`, absent before a loop), the
+profiler's `trace/*/profile.json`, the contract, and the cached device ceilings.
+
+Which record is the claim's:
+- with a loop, the claim is the best kept iteration's commit (the newest `keep`); without a
+  kept iteration the report is a no-go;
+- without a loop, the claim is the current tree state (HEAD + hash of the uncommitted diff);
+- the record is the newest non-A/A bench record whose candidate is that commit (clean, or the
+  dirty tree that was then committed as it), with a full green gate of the same tree state.
+
+It refuses (exit 1, each reason named) to claim a win on a `-k` gate, a red or missing gate, a
+blocking guard finding, blocked cells, or records of other commits than the claim's. Rendering
+is in report_render.py (markdown) and report_plots.py (PNG).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from flaloop import evidence, git, roofline
+from flaloop.errors import UsageError
+
+WIN = ("improvement", "trade-off")
+STATE_KEYS = ("head", "dirty", "diff_hash")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str   # gate_signal_only | gate_red | gate_missing | guard_blocked | correctness_blocked | commit_mismatch
+    message: str
+    hint: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- reading the workspace ----------------------------------------------------------------------
+
+def _read_json(p: Path) -> dict | None:
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def load_records(ws: Path) -> list[dict]:
+    """Bench run records, oldest first (their directory names start with the UTC stamp)."""
+    out = []
+    for p in sorted((ws / "runs").glob("*/record.json")):
+        r = _read_json(p)
+        if r and r.get("kind") == "bench":
+            r.setdefault("path", str(p))
+            r["_path"] = str(p)
+            out.append(r)
+    return out
+
+
+def load_iterations(ws: Path) -> list[dict]:
+    """The loop's iteration records, by iteration number; [] when no loop ran."""
+    its = [d for d in (_read_json(p) for p in sorted((ws / "iters").glob("[0-9]*.json"))) if d]
+    return sorted(its, key=lambda d: int(d.get("iter", 0)))
+
+
+def load_profiles(ws: Path) -> list[dict]:
+    out = []
+    for p in sorted((ws / "trace").glob("*/profile.json")):
+        d = _read_json(p)
+        if d:
+            d["_path"] = str(p)
+            out.append(d)
+    return out
+
+
+def same_state(a: dict | None, b: dict | None) -> bool:
+    return bool(a) and bool(b) and all(a.get(k) == b.get(k) for k in STATE_KEYS)
+
+
+def _git_out(root: Path, *args: str) -> bytes | None:
+    proc = subprocess.run(["git", *args], cwd=root, capture_output=True,
+                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def commit_states(root: Path, commit: str) -> list[dict]:
+    """Tree states (as git.tree_state writes them) that are this commit: the clean checkout,
+    and the dirty tree over its parent that was committed as it (new files tracked or not)."""
+    states = [{"head": commit, "dirty": False, "diff_hash": None}]
+    parent = (_git_out(root, "rev-parse", "--verify", "--quiet", f"{commit}^") or b"").decode().strip()
+    if not parent:
+        return states
+    full = _git_out(root, "diff", "--binary", parent, commit)
+    if full is None:
+        return states
+    digests = [hashlib.sha256(full).hexdigest()[:12]]
+    added = (_git_out(root, "diff", "--name-only", "--diff-filter=A", parent, commit) or b"").decode().split()
+    if added:  # new files that were untracked when the bench ran: hashed by name and content
+        h = hashlib.sha256(_git_out(root, "diff", "--binary", "--diff-filter=a", parent, commit) or b"")
+        for rel in sorted(added):
+            h.update(rel.encode())
+            h.update(_git_out(root, "show", f"{commit}:{rel}") or b"")
+        digests.append(h.hexdigest()[:12])
+    states += [{"head": parent, "dirty": True, "diff_hash": d} for d in digests]
+    return states
+
+
+def describe_state(s: dict | None) -> str:
+    if not s:
+        return "?"
+    return f"{str(s.get('head'))[:12]}" + (f"+dirty:{s.get('diff_hash')}" if s.get("dirty") else "")
+
+
+# -- the claim ------------------------------------------------------------------------------------
+
+@dataclass
+class Claim:
+    source: str                 # "loop" or "tree"
+    commit: str | None          # the claim's commit (loop) or HEAD of the tree
+    states: list[dict]          # candidate tree states that are the claim
+    iteration: dict | None = None
+    no_go: bool = False         # a loop without a kept iteration
+
+    def to_dict(self) -> dict:
+        it = self.iteration or {}
+        return {"source": self.source, "commit": self.commit, "states": self.states, "no_go": self.no_go,
+                "iteration": it.get("iter"), "direction": it.get("direction")}
+
+
+def find_claim(root: Path, iterations: list[dict]) -> Claim:
+    if iterations:
+        kept = [it for it in iterations if it.get("status") == "keep" and it.get("commit")]
+        if kept:
+            best = kept[-1]
+            return Claim("loop", best["commit"], commit_states(root, best["commit"]), best)
+        base = next((it for it in iterations if it.get("status") == "baseline"), iterations[0])
+        commit = base.get("commit")
+        return Claim("loop", commit, commit_states(root, commit) if commit else [], base, no_go=True)
+    state = git.tree_state(root)
+    return Claim("tree", state["head"], [state])
+
+
+def _candidate_state(record: dict) -> dict:
+    return {k: (record.get("candidate") or {}).get(k) for k in STATE_KEYS}
+
+
+def pick_record(claim: Claim, records: list[dict]) -> tuple[dict | None, list[Refusal]]:
+    """The newest non-A/A record of the claim's tree state (a loop iteration's own record
+    first); for a no-go, the newest record of the baseline, A/A allowed."""
+    def matches(r: dict) -> bool:
+        return any(same_state(_candidate_state(r), s) for s in claim.states)
+
+    if claim.no_go:
+        mine = [r for r in records if matches(r) or (r.get("aa") and (r.get("base") or {}).get("commit") == claim.commit)]
+        return (mine[-1] if mine else None), []
+    it = claim.iteration or {}
+    ref = (it.get("vs_base") or {}).get("record") or (it.get("vs_best") or {}).get("record")
+    for r in records:
+        if ref and os.path.realpath(r["_path"]) in (os.path.realpath(ref), os.path.realpath(Path(ref) / "record.json")):
+            if not r.get("aa") and matches(r):
+                return r, []
+    mine = [r for r in records if not r.get("aa") and matches(r)]
+    if mine:
+        return mine[-1], []
+    others = [r for r in records if not r.get("aa")]
+    if not others:
+        raise UsageError(f"no bench record under {claim.source == 'loop' and 'the loop' or 'profile/'}: nothing to report",
+                         "run `flaloop verify OP` (gate, then the paired bench) first")
+    newest = others[-1]
+    want = describe_state(claim.states[0]) if claim.states else "?"
+    return newest, [Refusal(
+        "commit_mismatch",
+        f"no bench record of the claim's tree state {want} ({claim.source}); the newest record "
+        f"({Path(newest['_path']).parent.name}) measured {describe_state(_candidate_state(newest))}",
+        "bench the state you claim: `flaloop verify OP` on that tree (or commit what you measured)")]
+
+
+def gate_evidence(record: dict, claim: Claim, last_gate: dict | None) -> tuple[dict | None, list[Refusal]]:
+    """The full green gate of the record's tree state, or the refusal that names why not.
+
+    The newest evidence decides: `gate/last.json` when it was taken of the same tree state (a gate
+    that went red after the bench withdraws the claim), then the gate verify ran with this bench,
+    the last gate the bench found for its tree state, and the claimed iteration's gate."""
+    state = _candidate_state(record)
+    found: list[tuple[str, dict]] = []
+    if last_gate and same_state(last_gate.get("tree"), state):
+        found.append(("gate/last.json", last_gate))
+    if record.get("gate"):
+        found.append(("bench record (flaloop verify)", record["gate"]))
+    if record.get("last_gate"):  # the gate of this exact tree state that `flaloop bench` found
+        found.append(("bench record (last gate of this tree state)", record["last_gate"]))
+    it = claim.iteration
+    if it and it.get("gate") and any(same_state(state, s) for s in claim.states):
+        found.append((f"iteration {it.get('iter')}", it["gate"]))
+    if not found:
+        return None, [Refusal("gate_missing", f"no gate ran on the measured tree state {describe_state(state)}",
+                              "run `flaloop gate OP` on this tree, or `flaloop verify OP` (gate, then bench)")]
+    source, g = found[0]
+    if g.get("signal_only") or g.get("k_expr"):
+        return {"source": source, **_gate_summary(g)}, [Refusal(
+            "gate_signal_only", f"the newest gate of this tree state ran a -k subset ({g.get('k_expr')!r}): a "
+            "signal, not a promotion gate", "run the full file: `flaloop gate OP` (no -k)")]
+    if not g.get("green"):
+        return {"source": source, **_gate_summary(g)}, [Refusal(
+            "gate_red", f"the gate of this tree state is red ({source})", "fix correctness first: `flaloop gate OP`")]
+    return {"source": source, **_gate_summary(g)}, []
+
+
+def _gate_summary(g: dict) -> dict:
+    return {"green": bool(g.get("green")), "signal_only": bool(g.get("signal_only") or g.get("k_expr")),
+            "k_expr": g.get("k_expr"), "counts": g.get("counts"), "test_file": g.get("test_file"),
+            "started": g.get("started"), "log_path": g.get("log_path"),
+            "findings": [f.get("message") if isinstance(f, dict) else str(f) for f in g.get("findings") or []]}
+
+
+def guard_evidence(record: dict, claim: Claim, contract: dict) -> tuple[dict, list[Refusal]]:
+    findings, blocked = [], False
+    for source, g in (("bench record", record.get("guard")), ("iteration", (claim.iteration or {}).get("guard"))):
+        if g:
+            blocked = blocked or bool(g.get("blocked"))
+            findings += [{**f, "source": source} for f in g.get("findings") or []]
+    out = {"ran": bool(record.get("guard") or (claim.iteration or {}).get("guard")), "blocked": blocked,
+           "findings": findings, "allowed": contract.get("allowed") or []}
+    refusals = []
+    blocking = [f for f in findings if f.get("blocking") or (f.get("severity") == "block" and not f.get("allowed"))]
+    if blocked or blocking:
+        names = ", ".join(sorted({f.get("rule", "?") for f in blocking})) or "see the record"
+        refusals.append(Refusal("guard_blocked", f"the guard blocked this candidate ({names})",
+                                "fix what the finding names, or record a justified exception in the contract"))
+    return out, refusals
+
+
+# -- per-cell evidence ----------------------------------------------------------------------------
+
+def cell_rows(record: dict, ceilings: roofline.Ceilings | None, family: roofline.Family | None) -> list[dict]:
+    if any("roofline" not in c for c in record.get("cells") or []):
+        scratch = {"cells": json.loads(json.dumps(record.get("cells") or []))}
+        roofline.annotate(scratch, ceilings, family)  # arithmetic on stored numbers, no measuring
+        roofs = [c.get("roofline") for c in scratch["cells"]]
+    else:
+        roofs = [c.get("roofline") for c in record["cells"]]
+    rows = []
+    for cell, roof in zip(record.get("cells") or [], roofs, strict=True):
+        c, est, summ = cell.get("cell") or {}, cell.get("estimate") or {}, cell.get("summary") or {}
+        eager = summ.get("eager") or {}
+        rows.append({
+            "id": c.get("id"), "shape_name": c.get("shape_name"), "shape": c.get("shape"), "mode": c.get("mode"),
+            "dtype": c.get("dtype"), "varlen": bool(c.get("seqlens")), "seqlens": c.get("seqlens"),
+            "status": cell.get("status"), "reason": cell.get("reason") or "", "timer": cell.get("timer"),
+            "verdict": cell.get("verdict"), "speedup": est.get("speedup"), "ci_low": est.get("ci_low"),
+            "ci_high": est.get("ci_high"), "n_pairs": est.get("n_pairs"),
+            "device": {"base": summ.get("base"), "cand": summ.get("cand")},
+            "eager": {"base": eager.get("base"), "cand": eager.get("cand")},
+            "launch_bound": cell.get("launch_bound"), "rounds_disagree": bool(cell.get("rounds_disagree")),
+            "roofline": roof,
+        })
+    return rows
+
+
+def conclusion(geo: dict | None, rows: list[dict], claim: Claim, target: float | None) -> dict:
+    if claim.no_go:
+        return {"kind": "no-go", "text": "no-go: no iteration of the loop was kept"}
+    if not geo:
+        return {"kind": "no-go", "text": "no-go: no cell could be measured"}
+    slower = [r["id"] for r in rows if r["verdict"] == "SLOWER"]
+    g, lo, hi = geo["speedup"], geo["ci_low"], geo["ci_high"]
+    if lo > 1.0 and not slower:
+        kind, text = "improvement", f"improvement: {g:.3f}x geomean, 95% CI [{lo:.3f}, {hi:.3f}], no cell slower"
+    elif lo > 1.0:
+        kind, text = "trade-off", f"trade-off: {g:.3f}x geomean, but slower on {', '.join(slower)}"
+    elif hi < 1.0:
+        kind, text = "regression", f"regression: {g:.3f}x geomean, 95% CI [{lo:.3f}, {hi:.3f}]"
+    else:
+        kind, text = "neutral", f"neutral: {g:.3f}x geomean, 95% CI [{lo:.3f}, {hi:.3f}] includes 1"
+    if target and kind in WIN:
+        text += f"; target {target:g}x {'met' if g >= target else 'not met'}"
+    return {"kind": kind, "text": text}
+
+
+def risks(rows: list[dict], record: dict, env: dict, aa: dict | None, profile: dict | None,
+          refusals: list[Refusal]) -> list[str]:
+    out = [f"{r.reason}: {r.message}" for r in refusals]
+    lb = [r["id"] for r in rows if r["launch_bound"]]
+    if lb:
+        out.append(f"launch-bound cells (host time > device time; eager latency is what a user sees): {', '.join(lb)}")
+    unsure = [r["id"] for r in rows if r["verdict"] == "UNSURE"]
+    if unsure:
+        out.append(f"cells without a verdict (UNSURE): {', '.join(unsure)}")
+    split = [r["id"] for r in rows if r["rounds_disagree"]]
+    if split:
+        out.append(f"rounds disagreed beyond their CIs on {', '.join(split)} (a per-process effect)")
+    above = [r["id"] for r in rows if (r["roofline"] or {}).get("above_100")]
+    if above:
+        out.append(f"IMPLAUSIBLE: above 100% of the roofline floor on {', '.join(above)}: suspect a skipped path")
+    bad = [r["id"] for r in rows if r["status"] not in ("ok",)]
+    if bad:
+        out.append(f"cells not measured: {', '.join(bad)}")
+    if env.get("device") == "cpu":
+        out.append("measured on the CPU: no GPU evidence")
+    idle = env.get("idle") or {}
+    if idle.get("available") and not idle.get("idle"):
+        out.append("GPU not idle before measuring: " + "; ".join(idle.get("not_idle_because") or []))
+    if aa is None:
+        out.append("no A/A self-check of this base in the records (`flaloop bench OP --aa`)")
+    if profile is None:
+        out.append("no profiler reading of this tree state (`flaloop profile OP`)")
+    if not [r for r in rows if r["varlen"]]:
+        out.append("no varlen (cu_seqlens) cells measured (`--varlen`)")
+    return out
+
+
+def trajectory(iterations: list[dict]) -> list[dict]:
+    rows = []
+    for it in iterations:
+        vb = it.get("vs_base") or {}
+        geo = vb.get("geomean") or {}
+        rows.append({"iter": it.get("iter"), "status": it.get("status"), "direction": it.get("direction"),
+                     "commit": it.get("commit"), "speedup": geo.get("speedup"), "ci_low": geo.get("ci_low"),
+                     "ci_high": geo.get("ci_high"), "verdict": vb.get("verdict"),
+                     "worst_cell": it.get("worst_cell"), "gate_green": (it.get("gate") or {}).get("green"),
+                     "note": it.get("note") or ""})
+    return rows
+
+
+def _newest_aa(records: list[dict], base_commit: str) -> dict | None:
+    aas = [r for r in records if r.get("aa") and (r.get("base") or {}).get("commit") == base_commit]
+    if not aas:
+        return None
+    r = aas[-1]
+    return {"record": r["_path"], "created": r.get("created"),
+            "geomean": (r.get("summary") or {}).get("geomean"), "command": r.get("command")}
+
+
+def _profile_for(profiles: list[dict], record: dict) -> dict | None:
+    state = _candidate_state(record)
+    mine = [p for p in profiles if same_state((p.get("candidate") or {}), state)]
+    return mine[-1] if mine else None
+
+
+# -- the whole report -----------------------------------------------------------------------------
+
+def build(target, op: str, family: roofline.Family | None = None, ceilings: roofline.Ceilings | None = None) -> dict:
+    """Assemble the report's data from the workspace. Raises UsageError when there is nothing
+    to report; refusals are in `doc["refused"]` (the CLI exits 1 when `claim_ok` is False)."""
+    ws = target.workspace(op)
+    contract = _read_json(ws / "contract.json")
+    if contract is None:
+        raise UsageError(f"no task contract for {op!r} in {target.root}", f"run `flaloop init {op}` first")
+    records, iterations = load_records(ws), load_iterations(ws)
+    claim = find_claim(target.root, iterations)
+    record, refusals = pick_record(claim, records)
+    if record is None:
+        raise UsageError(f"no bench record of the baseline {str(claim.commit)[:12]} to report",
+                         "run `flaloop bench OP` on the baseline")
+    env = dict(record.get("env") or {})
+    if ceilings is None:
+        ceilings = roofline.load_ceilings(env.get("device_uuid"))
+    rows = cell_rows(record, ceilings, family)
+    summary = record.get("summary") or {}
+    geo = summary.get("geomean")
+    last_gate = _read_json(ws / "gate" / "last.json")
+    gate, gate_refusals = gate_evidence(record, claim, last_gate)
+    guard, guard_refusals = guard_evidence(record, claim, contract)
+    refusals += gate_refusals + guard_refusals
+    if summary.get("n_blocked"):
+        blocked = [r["id"] for r in rows if r["status"] == "blocked"]
+        refusals.append(Refusal("correctness_blocked", f"base and candidate differ on {', '.join(blocked)}",
+                                "the candidate computes something else on the bench inputs: fix it"))
+    if record.get("aa"):
+        refusals.append(Refusal("commit_mismatch", "the only record of this state is an A/A self-check",
+                                "bench the candidate: `flaloop verify OP`"))
+    env.setdefault("during", evidence.during_evidence(evidence.readings_of(record)))
+    env.setdefault("idle", {"available": False, "reason": env.get("nvml") or "not recorded by this bench"})
+    aa = _newest_aa(records, (record.get("base") or {}).get("commit"))
+    profile = _profile_for(load_profiles(ws), record)
+    concl = conclusion(geo, rows, claim, contract.get("target_speedup"))
+    claim_ok = not (refusals and concl["kind"] in WIN)
+    verdicts = [r["verdict"] for r in rows]
+    doc = {
+        "ok": claim_ok, "op": op, "kind": "report",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "claim": claim.to_dict(), "claim_ok": claim_ok, "conclusion": concl,
+        "refused": [r.to_dict() for r in refusals] if not claim_ok else [],
+        "summary": {"geomean": geo, "n_cells": summary.get("n_cells"), "n_measured": summary.get("n_measured"),
+                    **{f"n_{v.lower()}": verdicts.count(v) for v in ("FASTER", "SLOWER", "SAME", "UNSURE")},
+                    "target_speedup": contract.get("target_speedup"),
+                    "target_met": bool(geo and contract.get("target_speedup")
+                                       and geo["speedup"] >= contract["target_speedup"])},
+        "test_plan": {"gate": gate, "test_file": contract.get("test_file"),
+                      "command": f"flaloop gate {op}", "frozen": [f.get("path") for f in contract.get("frozen") or []]},
+        "cells": rows,
+        "coverage": {"dense": [r["id"] for r in rows if not r["varlen"]], "varlen": [r["id"] for r in rows if r["varlen"]],
+                     "modes": sorted({r["mode"] for r in rows if r["mode"]}),
+                     "shapes": sorted({r["shape_name"] for r in rows if r["shape_name"]})},
+        "commands": {"bench": record.get("command") or "", "gate": f"flaloop gate {op}",
+                     "aa": aa["command"] if aa else f"flaloop bench {op} --aa",
+                     "profile": (profile or {}).get("command") or f"flaloop profile {op}",
+                     "report": f"flaloop report {op}"},
+        "commits": {"base_ref": (record.get("base") or {}).get("ref"), "base_commit": (record.get("base") or {}).get("commit"),
+                    "candidate": _candidate_state(record), "claim_commit": claim.commit},
+        "environment": env, "aa": aa, "roofline": {"family": family.name if family else None,
+                                                   "title": family.title if family else None,
+                                                   "ceilings": ceilings.to_dict() if ceilings else None},
+        "profile": profile, "guard": guard,
+        "trajectory": trajectory(iterations), "opt_log": str(ws / "OPT_LOG.md") if (ws / "OPT_LOG.md").exists() else None,
+        "records": {"claim": record["_path"], "aa": aa["record"] if aa else None,
+                    "profile": profile["_path"] if profile else None},
+    }
+    # a report that claims no win lists its evidence gaps as risks instead of refusing
+    doc["risks"] = risks(rows, record, env, aa, profile, refusals if claim_ok else [])
+    return doc

@@ -1,0 +1,120 @@
+"""The report's PNG plots (matplotlib, Agg backend): speedup per cell with its CI, device and
+eager time per cell, and the loop's trajectory. Imported only when a report is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VERDICT_COLORS = {"FASTER": "#1a7f37", "SLOWER": "#cf222e", "SAME": "#57606a", "UNSURE": "#bf8700"}
+STATUS_COLORS = {"baseline": "#57606a", "keep": "#1a7f37", "revert": "#cf222e", "drop": "#cf222e",
+                 "noise": "#bf8700", "signal": "#0969da"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def speedup_plot(doc: dict, path: Path) -> Path | None:
+    rows = [r for r in doc["cells"] if r["speedup"]]
+    if not rows:
+        return None
+    plt = _plt()
+    geo = doc["summary"]["geomean"]
+    labels = [r["id"] for r in rows] + (["geomean"] if geo else [])
+    vals = [r["speedup"] for r in rows] + ([geo["speedup"]] if geo else [])
+    lo = [r["ci_low"] for r in rows] + ([geo["ci_low"]] if geo else [])
+    hi = [r["ci_high"] for r in rows] + ([geo["ci_high"]] if geo else [])
+    colors = [VERDICT_COLORS.get(r["verdict"], "#57606a") for r in rows] + (["#0969da"] if geo else [])
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.6))
+    y = list(range(len(labels)))[::-1]
+    for yi, v, a, b, c in zip(y, vals, lo, hi, colors, strict=True):
+        ax.errorbar([v], [yi], xerr=[[v - a], [b - v]], fmt="o", color=c, capsize=4)
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_yticks(y, labels)
+    ax.set_xlabel("speedup (base / candidate device time), 95% CI")
+    ax.set_title(f"{doc['op']}: speedup per cell")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def times_plot(doc: dict, path: Path) -> Path | None:
+    rows = [r for r in doc["cells"] if (r["device"]["base"] or {}).get("median")]
+    if not rows:
+        return None
+    plt = _plt()
+    series = [("base device", "device", "base", "#8c959f"), ("cand device", "device", "cand", "#1a7f37"),
+              ("base eager", "eager", "base", "#d0d7de"), ("cand eager", "eager", "cand", "#7ee2a8")]
+    fig, ax = plt.subplots(figsize=(8, 0.9 * len(rows) + 1.6))
+    h = 0.2
+    for i, (label, key, side, color) in enumerate(series):
+        ys = [len(rows) - 1 - j + (1.5 - i) * h for j in range(len(rows))]
+        xs = [((r[key][side] or {}).get("median") or 0.0) for r in rows]
+        ax.barh(ys, xs, height=h, color=color, label=label)
+    ax.set_yticks(range(len(rows))[::-1], [r["id"] for r in rows])
+    ax.set_xscale("log")
+    ax.set_xlabel("ms per call (median)")
+    ax.set_title(f"{doc['op']}: device time vs eager latency")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def trajectory_plot(doc: dict, path: Path) -> Path | None:
+    rows = doc["trajectory"]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    best, best_x, best_y = 1.0, [], []
+    for t in rows:
+        x = t["iter"]
+        if t["status"] == "baseline" and not t["speedup"]:
+            ax.plot([x], [1.0], "o", color=STATUS_COLORS["baseline"])  # the base itself
+        if t["speedup"]:
+            c = STATUS_COLORS.get(t["status"], "#57606a")
+            ax.errorbar([x], [t["speedup"]], yerr=[[t["speedup"] - t["ci_low"]], [t["ci_high"] - t["speedup"]]],
+                        fmt="o", color=c, capsize=3)
+            if t["status"] in ("keep", "baseline"):
+                best = max(best, t["speedup"]) if t["status"] == "keep" else best
+        best_x.append(x)
+        best_y.append(best)
+    ax.step(best_x, best_y, where="post", color="#1a7f37", lw=1, label="best kept")
+    target = doc["summary"].get("target_speedup")
+    if target:
+        ax.axhline(target, color="#0969da", ls="--", lw=0.8, label=f"target {target:g}x")
+    ax.axhline(1.0, color="black", lw=0.6)
+    for status, c in STATUS_COLORS.items():
+        if any(t["status"] == status for t in rows):
+            ax.plot([], [], "o", color=c, label=status)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("geomean speedup vs base (95% CI)")
+    ax.set_title(f"{doc['op']}: optimization trajectory")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(doc: dict, out_dir: Path) -> dict[str, str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    made = {}
+    for name, fn in (("speedup", speedup_plot), ("times", times_plot), ("trajectory", trajectory_plot)):
+        p = fn(doc, out_dir / f"{name}.png")
+        if p:
+            made[name] = str(p)
+    return made

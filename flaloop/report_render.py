@@ -1,0 +1,281 @@
+"""The report as markdown, ready to paste into a pull request (FLA's PR body: summary, test plan,
+benchmark, profile, conclusion and risk), from the dict `report.build()` returns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _f(x, spec: str = ".4f", none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1f}%"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return out
+
+
+def _headline(doc: dict) -> str:
+    geo = doc["summary"]["geomean"]
+    kind = doc["conclusion"]["kind"]
+    if kind == "no-go" or not geo:
+        return f"{doc['op']}: no-go"
+    return f"{doc['op']}: {geo['speedup']:.3f}x geomean ({kind})"
+
+
+def _device(env: dict) -> str:
+    if env.get("device") == "cpu":
+        return f"CPU ({env.get('device_name') or '?'}, no GPU)"
+    return f"{env.get('device_name') or '?'} ({env.get('device_uuid') or 'no UUID'})"
+
+
+def render(doc: dict, plots: dict[str, str] | None = None) -> str:
+    L: list[str] = [f"# {_headline(doc)}", ""]
+    L.append(f"_Rendered by `flaloop report {doc['op']}` on {doc['created']} from stored records; nothing "
+             "was re-measured._")
+    if doc["refused"]:
+        L += ["", "> **REFUSED: this is not a claim of a win.**"]
+        L += [f"> - `{r['reason']}`: {r['message']} ({r['hint']})" for r in doc["refused"]]
+    L += ["", "## Summary", "", _summary(doc), ""]
+    L += ["## Test plan", ""] + _test_plan(doc) + [""]
+    L += ["## Benchmark", ""] + _benchmark(doc) + [""]
+    L += ["## Reproduce", ""] + _reproduce(doc) + [""]
+    L += ["## Environment", ""] + _environment(doc) + [""]
+    L += ["## Profile", ""] + _profile(doc) + [""]
+    L += ["## Guard", ""] + _guard(doc) + [""]
+    L += ["## Conclusion and risk", "", f"**{doc['conclusion']['text']}**", ""]
+    L += [f"- {r}" for r in doc["risks"]] or ["- none noted"]
+    L.append("")
+    if doc["trajectory"]:
+        L += ["## Trajectory (OPT_LOG)", ""] + _trajectory(doc) + [""]
+    if plots:
+        L += ["## Plots", ""] + [f"![{name}]({Path(p).name})" for name, p in plots.items()] + [""]
+    return "\n".join(L)
+
+
+def _summary(doc: dict) -> str:
+    s, env, claim = doc["summary"], doc["environment"], doc["claim"]
+    geo = s["geomean"]
+    parts = [doc["conclusion"]["text"] + "."]
+    parts.append(f"{s['n_measured']}/{s['n_cells']} cells measured on {_device(env)}: {s['n_faster']} FASTER, "
+                 f"{s['n_same']} SAME, {s['n_slower']} SLOWER, {s['n_unsure']} UNSURE.")
+    if geo:
+        parts.append(f"Worst cell {geo.get('worst_cell_id')} at {geo['worst_speedup']:.4f}x.")
+    if (s.get("target_speedup") or 1.0) > 1.0:
+        parts.append(f"Contract target {s['target_speedup']:g}x: {'met' if s['target_met'] else 'not met'}.")
+    where = f"iteration {claim['iteration']} ({claim['direction']!r})" if claim["source"] == "loop" else "the working tree"
+    parts.append(f"Claim: {where}, commit `{str(claim['commit'])[:12]}`.")
+    return " ".join(parts)
+
+
+def _test_plan(doc: dict) -> list[str]:
+    tp = doc["test_plan"]
+    g = tp["gate"]
+    if not g:
+        out = [f"- Gate: **none recorded** for the measured tree state (`{tp['command']}`)"]
+    else:
+        c = g.get("counts") or {}
+        scope = f"a -k subset ({g['k_expr']!r}), signal only" if g["signal_only"] else "the full file"
+        state = "GREEN" if g["green"] else "RED"
+        out = [f"- Gate: **{state}**, {c.get('passed', '?')} passed of {scope} `{g.get('test_file') or tp['test_file']}` "
+               f"({c.get('selected', '?')} selected, {c.get('skipped', '?')} skipped, {c.get('failed', '?')} failed, "
+               f"{c.get('errors', '?')} errors), from {g['source']}"]
+        out += [f"  - {m}" for m in g.get("findings") or []]
+    out.append(f"- Command: `{tp['command']}` (pytest on the unmodified file, in a subprocess)")
+    if tp["frozen"]:
+        out.append("- Frozen (hashed at the base): " + ", ".join(f"`{p}`" for p in tp["frozen"]))
+    out.append("- Bench cells: outputs and gradients of candidate and base compared on every cell before timing")
+    return out
+
+
+def _benchmark(doc: dict) -> list[str]:
+    rows, env = doc["cells"], doc["environment"]
+    out = [f"Hardware: {_device(env)}; bench command `{doc['commands']['bench']}`.", ""]
+    header = ["cell", "timer", "base ms", "cand ms", "speedup", "95% CI", "verdict", "pairs", "launch-bound",
+              "% of floor base -> cand", "bound"]
+    body = []
+    for r in rows:
+        roof = r["roofline"] or {}
+        floor = (f"{_pct(roof.get('pct_of_floor_base'))} -> {_pct(roof.get('pct_of_floor_cand'))}"
+                 + (" **ABOVE 100%**" if roof.get("above_100") else "")) if roof.get("floor_ms") else "no model" \
+            if not roof else "no ceilings"
+        body.append([r["id"], r["timer"] or "-", _f((r["device"]["base"] or {}).get("median")),
+                     _f((r["device"]["cand"] or {}).get("median")), _f(r["speedup"], ".4f") + ("x" if r["speedup"] else ""),
+                     f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]", r["verdict"] or r["status"], r["n_pairs"] or "-",
+                     "yes" if r["launch_bound"] else "no", floor, roof.get("bound") or "-"])
+    out += ["### Speedup per cell (device time)", ""] + _table(header, body) + [""]
+    for title, key in (("Device time per call (ms)", "device"), ("Eager latency per call (ms, host in the loop)", "eager")):
+        stat_rows = []
+        for r in rows:
+            for side in ("base", "cand"):
+                s = r[key][side]
+                if s:
+                    stat_rows.append([r["id"], side] + [_f(s.get(k)) for k in ("median", "mean", "std", "min", "p10", "p90")]
+                                     + [s.get("n", "-")])
+        if stat_rows:
+            out += [f"### {title}", ""] + _table(["cell", "side", "median", "mean", "std", "min", "p10", "p90", "n"],
+                                                 stat_rows) + [""]
+    geo = doc["summary"]["geomean"]
+    if geo:
+        out.append(f"**Geomean speedup** (equal weight over {doc['summary']['n_measured']} cells): "
+                   f"**{geo['speedup']:.4f}x**, 95% CI [{geo['ci_low']:.4f}, {geo['ci_high']:.4f}]; worst cell "
+                   f"{geo.get('worst_cell_id')} {geo['worst_speedup']:.4f}x; {geo['n_regressions']} regression(s).")
+    cov = doc["coverage"]
+    out.append(f"Coverage: {len(cov['dense'])} dense cell(s), {len(cov['varlen'])} varlen cell(s) "
+               f"({', '.join(cov['varlen']) or 'none'}); modes {', '.join(cov['modes'])}.")
+    roof = doc["roofline"]
+    if roof["family"]:
+        c = roof["ceilings"]
+        ceil = (f"{c['bandwidth_gbs']:.4g} GB/s copy, {c['peak_tflops']:.4g} TFLOP/s {c['gemm_dtype']} GEMM "
+                f"(measured {c.get('measured') or '?'})") if c else "no ceilings cached for this device"
+        out.append(f"Roofline: {roof['title']} model (docs/ROOFLINE.md); ceilings {ceil}.")
+    else:
+        out.append("Roofline: no model for this op.")
+    aa = doc["aa"]
+    if aa and aa.get("geomean"):
+        g = aa["geomean"]
+        out.append(f"A/A self-check of this base ({aa['created']}): {g['speedup']:.4f}x, 95% CI "
+                   f"[{g['ci_low']:.4f}, {g['ci_high']:.4f}] (`{aa['command']}`).")
+    return out
+
+
+def _reproduce(doc: dict) -> list[str]:
+    c, m = doc["commands"], doc["commits"]
+    cand = m["candidate"]
+    out = ["```sh", c["gate"], c["bench"] or "(bench command not recorded)", c["aa"], c["profile"], c["report"], "```", ""]
+    out.append(f"- Base: `{m['base_ref']}` = `{m['base_commit']}`")
+    dirty = f" + uncommitted diff `{cand['diff_hash']}`" if cand.get("dirty") else ""
+    out.append(f"- Candidate: `{cand.get('head')}`{dirty}; claim commit `{m['claim_commit']}`")
+    out.append(f"- Run record: `{doc['records']['claim']}`")
+    return out
+
+
+def _clock_line(label: str, ev: dict) -> str:
+    if not ev or not ev.get("available"):
+        return f"- {label}: {(ev or {}).get('reason') or 'not recorded'}"
+    sm = ev.get("sm_mhz") or {}
+    parts = [f"SM {sm.get('min')}-{sm.get('max')} MHz of {ev.get('sm_max_mhz')}"]
+    mem = ev.get("mem_mhz") or {}
+    if mem:
+        parts.append(f"memory {mem.get('min')}-{mem.get('max')} MHz")
+    t, p = ev.get("temperature_c") or {}, ev.get("power_w") or {}
+    if t:
+        parts.append(f"{t.get('min')}-{t.get('max')} C")
+    if p:
+        parts.append(f"{p.get('min'):.0f}-{p.get('max'):.0f} W")
+    parts.append("throttle: " + (", ".join(ev.get("throttle_reasons") or []) or "none"))
+    if "other_processes" in ev:
+        others = ev.get("other_processes") or []
+        parts.append(f"{len(others)} other process(es) on the GPU")
+    if "idle" in ev:
+        parts.append("IDLE" if ev["idle"] else "NOT IDLE: " + "; ".join(ev.get("not_idle_because") or []))
+    if "n_readings" in ev:
+        parts.append(f"{ev['n_readings']} readings")
+    return f"- {label}: " + ", ".join(parts)
+
+
+def _environment(doc: dict) -> list[str]:
+    env = doc["environment"]
+    keys = [("GPU / device", _device(env)), ("driver", env.get("driver")), ("CUDA", env.get("cuda")),
+            ("PyTorch", env.get("torch")), ("Triton", env.get("triton")), ("TileLang", env.get("tilelang")),
+            ("CuTe DSL", env.get("cutlass")), ("Python", env.get("python")), ("host", env.get("host")),
+            ("CUDA_VISIBLE_DEVICES", env.get("cuda_visible_devices"))]
+    out = _table(["", ""], [[k, v] for k, v in keys if v]) + [""]
+    out.append(_clock_line("Idle before measuring", env.get("idle") or {}))
+    out.append(_clock_line("During the pairs", env.get("during") or {}))
+    return out
+
+
+def _profile(doc: dict) -> list[str]:
+    p = doc["profile"]
+    if not p:
+        return [f"No profiler reading of the measured tree state: `{doc['commands']['profile']}`."]
+    cell = (p.get("cell") or {}).get("id")
+    out = [f"One step of `{cell}` under torch.profiler ({p.get('kernels_are')}), base and candidate "
+           f"(`{p.get('_path')}`):", ""]
+    sides = {s: p.get(s) or {} for s in ("base", "cand")}
+    what = "GPU kernel" if p.get("device") == "cuda" else "CPU op (self)"
+    out += _table(["", "base", "cand"], [
+        [f"{what} time of the step (ms)", _f(sides["base"].get("device_total_ms")), _f(sides["cand"].get("device_total_ms"))],
+        ["host wall time of the step (ms)", _f(sides["base"].get("step_wall_ms")), _f(sides["cand"].get("step_wall_ms"))],
+        ["device busy, share of host time", _pct(_share(sides["base"])), _pct(_share(sides["cand"]))],
+        ["kernel launches", sides["base"].get("n_launches", "-"), sides["cand"].get("n_launches", "-")],
+    ]) + [""]
+    names: list[str] = []
+    for s in ("cand", "base"):
+        for k in (sides[s].get("kernels") or [])[:8]:
+            if k["name"] not in names:
+                names.append(k["name"])
+    by = {s: {k["name"]: k for k in sides[s].get("kernels") or []} for s in sides}
+    rows = [[f"`{n[:70]}`", _f((by["base"].get(n) or {}).get("total_ms")), (by["base"].get(n) or {}).get("launches", "-"),
+             _f((by["cand"].get(n) or {}).get("total_ms")), (by["cand"].get(n) or {}).get("launches", "-")] for n in names]
+    out += _table(["kernel", "base ms", "base launches", "cand ms", "cand launches"], rows) + [""]
+    out += _reading(p, by) + [""]
+    ncu = p.get("ncu") or {}
+    if ncu.get("available"):
+        summ = ncu.get("summary") or {}
+        keys = sorted({k for s in summ.values() for k in (s or {}) if k != "kernels"})
+        out += ["Nsight Compute (`--set full` + PmSampling, `--set source` + SourceCounters, `--clock-control none`):", ""]
+        out += _table(["metric", "base", "cand"], [[k, _f((summ.get("base") or {}).get(k), ".1f"),
+                                                    _f((summ.get("cand") or {}).get(k), ".1f")] for k in keys])
+    else:
+        out.append(f"Nsight Compute: {ncu.get('reason') or 'not run (`flaloop profile OP --ncu`)'}.")
+    return out
+
+
+def _reading(p: dict, by: dict) -> list[str]:
+    """What changed between the sides: the step's totals and the kernels that moved most."""
+    b, c = p.get("base") or {}, p.get("cand") or {}
+    out = []
+    if b.get("device_total_ms") and c.get("device_total_ms"):
+        out.append(f"Reading: the step's {'kernel' if p.get('device') == 'cuda' else 'op'} time went from "
+                   f"{b['device_total_ms']:.4f} to {c['device_total_ms']:.4f} ms "
+                   f"({b['device_total_ms'] / c['device_total_ms']:.3f}x) and its launches from "
+                   f"{b.get('n_launches')} to {c.get('n_launches')}.")
+    deltas = sorted(((by["cand"].get(n, {}).get("total_ms", 0.0) - by["base"].get(n, {}).get("total_ms", 0.0), n)
+                     for n in set(by["base"]) | set(by["cand"])), key=lambda d: -abs(d[0]))[:3]
+    moved = [f"`{n[:60]}` {d:+.4f} ms" for d, n in deltas if abs(d) > 0]
+    if moved:
+        out.append("Largest changes: " + ", ".join(moved) + ".")
+    roof = p.get("roofline") or {}
+    if roof.get("floor_ms"):
+        out.append(f"Roofline of this cell ({roof['family']}): floor {roof['floor_ms']:.4f} ms, {roof['bound']}-bound; "
+                   f"base at {_pct(roof.get('pct_of_floor_base'))}, candidate at {_pct(roof.get('pct_of_floor_cand'))}.")
+    return out
+
+
+def _share(side: dict):
+    w, d = side.get("step_wall_ms"), side.get("device_total_ms")
+    return 100.0 * d / w if w and d is not None else None
+
+
+def _guard(doc: dict) -> list[str]:
+    g = doc["guard"]
+    if not g["ran"]:
+        out = ["No guard findings recorded with this bench."]
+    elif not g["findings"]:
+        out = ["The guard ran and found nothing."]
+    else:
+        out = _table(["rule", "severity", "where", "what", "allowed"],
+                     [[f["rule"], f.get("severity"), f.get("where") or "", f.get("message"), f.get("allowed") or ""]
+                      for f in g["findings"]])
+    if g["allowed"]:
+        out += ["", "Exceptions recorded in the contract:"]
+        out += [f"- `{a.get('rule')}`: {a.get('why')} (added {a.get('added')})" for a in g["allowed"]]
+    return out
+
+
+def _trajectory(doc: dict) -> list[str]:
+    rows = [[t["iter"], t["status"], t["direction"] or "", _f(t["speedup"]) + ("x" if t["speedup"] else ""),
+             f"[{_f(t['ci_low'])}, {_f(t['ci_high'])}]" if t["speedup"] else "-",
+             {True: "green", False: "red"}.get(t["gate_green"], "-"), str(t["commit"] or "")[:10], t["note"]]
+            for t in doc["trajectory"]]
+    out = _table(["iter", "status", "direction", "vs base", "95% CI", "gate", "commit", "note"], rows)
+    if doc.get("opt_log"):
+        out += ["", f"Full log: `{doc['opt_log']}`"]
+    return out
