@@ -151,13 +151,20 @@ def assert_user_state_kept(repo: Path, before: UserState | None, args, pid: int)
     assert trees(after) == trees(before), f"{what} left or removed worktrees: {trees(before)} -> {trees(after)}"
     assert after.branch == before.branch, f"{what} switched the branch: {before.branch} -> {after.branch}"
     assert after.stash == before.stash, f"{what} changed the stash list"
+    if next((a for a in args if not a.startswith("-")), None) in COMMITTING and after.head != before.head:
+        old, new = before.head.decode().strip() if before.head else None, after.head.decode().strip()
+        assert old is None or _git_bytes(repo, "merge-base", "--is-ancestor", old, new) is not None, \
+            f"{what} moved HEAD to a commit that does not descend from the old HEAD"
+        # It may commit the user's change and revert it (a non-keep iteration): every file content
+        # the user had must then be in one of the new commits.
+        commits = (_git_bytes(repo, "rev-list", f"{old}..{new}" if old else new) or b"").decode().split()
+        for rel, digest in sorted(set(before.files) - set(after.files)):
+            kept = any(hashlib.sha256(_git_bytes(repo, "show", f"{c}:{rel.decode()}") or b"").hexdigest() == digest
+                       for c in commits)
+            assert kept, f"{what} lost the user's {rel.decode()}: it is neither in the tree nor in a new commit"
+        return
     assert after.files == before.files, f"{what} changed the user's files: " + ", ".join(
         sorted({r.decode() for r, _ in set(after.files) ^ set(before.files)}))
-    if next((a for a in args if not a.startswith("-")), None) in COMMITTING and after.head != before.head:
-        assert before.head is None or _git_bytes(repo, "merge-base", "--is-ancestor", before.head.decode().strip(),
-                                                 after.head.decode().strip()) is not None, \
-            f"{what} moved HEAD to a commit that does not descend from the old HEAD"
-        return
     assert after.head == before.head, f"{what} moved HEAD"
     assert after.index == before.index, f"{what} changed the index"
     assert after.status == before.status, f"{what} changed `git status`: {before.status} -> {after.status}"

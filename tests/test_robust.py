@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import (
     alive,
     descendants,
@@ -207,3 +208,25 @@ def test_a_chatty_child_cannot_grow_its_log_past_the_cap(tmp_path):
     assert text.startswith("line 000000 of chatter")
     assert "bytes of output dropped here" in text and text.rstrip().endswith("line 039999 of chatter")
     assert len(text) < 100_000 + 10_000 + 200  # of ~960 kB written
+
+
+def test_the_suites_state_check_notices_lost_work_and_accepts_a_committed_attempt(tmp_path):
+    from conftest import assert_user_state_kept, commit_all, user_state
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    (repo / "a.py").write_text("one\n")
+    commit_all(repo)
+    (repo / "a.py").write_text("two\n")  # the user's uncommitted change
+    before = user_state(repo)
+    (repo / "a.py").write_text("one\n")  # a command that threw the change away
+    with pytest.raises(AssertionError, match="changed the user's files: a.py"):
+        assert_user_state_kept(repo, before, ["bench", "op"], 0)
+    git(repo, "commit", "-qm", "lost", "--allow-empty")
+    with pytest.raises(AssertionError, match="lost the user's a.py"):
+        assert_user_state_kept(repo, before, ["iter", "op"], 0)
+    (repo / "a.py").write_text("two\n")
+    git(repo, "commit", "-qam", "attempt")  # iter commits the attempt, then reverts it
+    (repo / "a.py").write_text("one\n")
+    git(repo, "commit", "-qam", "revert")
+    assert_user_state_kept(repo, before, ["iter", "op"], 0)
