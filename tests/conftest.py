@@ -380,21 +380,6 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def procs_mentioning(text: str) -> list[int]:
-    """Living processes whose command line contains `text` (e.g. a test's repo path)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if text.encode() in cmd and alive(int(entry)):
-            out.append(int(entry))
-    return out
-
-
 def wait_for(cond, timeout: float, step: float = 0.1):
     """Poll `cond` until it returns something truthy (returned) or `timeout` s pass (None)."""
     deadline = time.monotonic() + timeout
