@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -131,10 +132,7 @@ def main() -> int:
             print(f"{k:16}{start[k]:>10}{base[k]:>10}{after[k]:>10}{growth[k]:>+10}")
         print(f"workspace growth per bench: {doc['per_run_bytes']} bytes; "
               + ("no leak" if not doc["leaks"] else f"LEAKS: {', '.join(doc['leaks'])}"))
-    if not args.repo:
-        import shutil
-
-        shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)  # the private TMPDIR (and the toy repo, if built here)
     return 1 if doc["leaks"] else 0
 
 

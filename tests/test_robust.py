@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,13 +122,19 @@ def test_a_worker_whose_parent_dies_exits_by_its_own_watchdog(toy):
 def test_a_killed_gate_takes_pytest_and_its_xdist_workers_along(toy, tmp_path):
     sleepy(toy)
     mark = tmp_path / "mark"
-    proc = start(toy, "gate", "toy_attn", "--workers", "2", env={"TOY_MARK": str(mark), "TOY_SLEEP": "120"})
-    assert wait_for(lambda: marked(mark, 2), 120), "the xdist workers never ran the op"
-    tree = descendants(proc.pid)
-    assert len(tree) >= 3  # pytest and two xdist workers
-    proc.kill()
-    proc.communicate()
-    assert wait_for(lambda: not [p for p in tree if alive(p)], 5), "pytest or an xdist worker outlived flaloop"
+    # a killed gate leaves its small temp dir behind (docs/RELIABILITY.md): not in the real /tmp
+    private = Path(tempfile.mkdtemp(prefix="killed-gate-"))
+    try:
+        proc = start(toy, "gate", "toy_attn", "--workers", "2",
+                     env={"TOY_MARK": str(mark), "TOY_SLEEP": "120", "TMPDIR": str(private)})
+        assert wait_for(lambda: marked(mark, 2), 120), "the xdist workers never ran the op"
+        tree = descendants(proc.pid)
+        assert len(tree) >= 3  # pytest and two xdist workers
+        proc.kill()
+        proc.communicate()
+        assert wait_for(lambda: not [p for p in tree if alive(p)], 5), "pytest or an xdist worker outlived flaloop"
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 # -- two runs at once -----------------------------------------------------------------------------
