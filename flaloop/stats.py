@@ -91,7 +91,20 @@ from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
-from scipy import special, stats
+
+
+def _special():
+    """scipy.special, imported on first use: every CLI command imports this module, few need scipy."""
+    from scipy import special
+
+    return special
+
+
+def _scipy_stats():
+    from scipy import stats
+
+    return stats
+
 
 __all__ = [
     "ESTIMATORS", "CIHalfWidthStop", "CellPValues", "Estimator", "GeomeanEstimate",
@@ -329,7 +342,7 @@ def _signed_rank_cdf(n: int) -> np.ndarray:
     t = np.arange(m + 1)
     if n > EXACT_SIGNED_RANK_MAX_N:
         sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-        cdf = special.ndtr((t + 0.5 - m / 2) / sd)
+        cdf = _special().ndtr((t + 0.5 - m / 2) / sd)
     else:
         pmf = np.zeros(m + 1)
         pmf[0] = 1.0
@@ -345,7 +358,7 @@ def _signed_rank_cdf(n: int) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def _sign_cdf(n: int) -> np.ndarray:
-    cdf = stats.binom.cdf(np.arange(n + 1), n, 0.5)
+    cdf = _scipy_stats().binom.cdf(np.arange(n + 1), n, 0.5)
     cdf.flags.writeable = False
     return cdf
 
@@ -402,16 +415,16 @@ def _boot_and_jack(r: np.ndarray, est: Estimator, n_boot: int,
 def _bca_levels(theta: float, boot: np.ndarray, jacks: list[np.ndarray],
                 alpha: float) -> tuple[float, float]:
     """BCa quantile levels, Efron & Tibshirani 14.3 / 15.4, as in scipy.stats.bootstrap."""
-    z0 = special.ndtri(((boot < theta).sum() + (boot <= theta).sum()) / (2 * boot.size))
+    z0 = _special().ndtri(((boot < theta).sum() + (boot <= theta).sum()) / (2 * boot.size))
     num = den = 0.0
     for jack in jacks:
         u = (jack.size - 1) * (jack.mean() - jack)
         num += (u ** 3).sum() / jack.size ** 3
         den += (u ** 2).sum() / jack.size ** 2
     a = num / (6 * den ** 1.5)
-    z = special.ndtri(alpha)
-    return (float(special.ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))),
-            float(special.ndtr(z0 + (z0 - z) / (1 - a * (z0 - z)))))
+    z = _special().ndtri(alpha)
+    return (float(_special().ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))),
+            float(_special().ndtr(z0 + (z0 - z) / (1 - a * (z0 - z)))))
 
 
 def _interval(theta: float, boot: np.ndarray, jacks: list[np.ndarray] | None,

@@ -60,7 +60,12 @@ class BenchConfig:
     # The guard's probes on every cell (docs/GUARD.md); --no-probes is for measuring their cost.
     probes: bool = True
     # Fork workers from a server that imported the target's libraries once (bench/workers.py).
-    forkserver: bool = True
+    # Opt-in: with every pair started at once the imports already overlap; see docs/BENCHMARKS.md.
+    forkserver: bool = False
+    # "lean": the op module's parent packages run their __init__ only when asked for a name (FLA's
+    # fla/__init__.py imports fla.layers, fla.models and transformers, which the op never needs).
+    # Opt-in: a package __init__ with side effects the op depends on is then skipped on both sides.
+    import_mode: str = "full"
     # A quick signal: labelled signal everywhere, never promotes (cli: --quick).
     signal: bool = False
 

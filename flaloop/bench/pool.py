@@ -37,14 +37,15 @@ def _raised_at(traceback_text: str, tree: Path) -> str:
 class WorkerPool:
     def __init__(self, *, python: str, op: str, device: str, trees: dict[str, Path], registry: Path,
                  run_dir: Path, env: dict, setup_timeout: float, use_forkserver: bool, preload_file: Path,
-                 gpu: str | None = None):
+                 gpu: str | None = None, import_mode: str = "full"):
         self.python, self.op, self.device = python, op, device
+        self.import_mode = import_mode
         self.trees, self.registry, self.run_dir, self.env = trees, registry, run_dir, env
         self.setup_timeout = setup_timeout
         self.preload_file = preload_file
         self.env_extra = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
         self.server: ForkServer | None = None
-        self.forkserver: dict = {"used": False, "why": "disabled (--no-forkserver)"}
+        self.forkserver: dict = {"used": False, "why": "not asked for (--forkserver)"}
         self.started: list[Worker] = []
         self.ahead: dict[str, tuple[tuple[str, str], dict[str, Worker]]] = {}
         self._n = 0
@@ -94,11 +95,12 @@ class WorkerPool:
             log = self.run_dir / f"{side}-{label}.stderr"
             try:
                 w = Worker(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
-                           env=self.env, server=self.server, env_extra=self.env_extra)
+                           env=self.env, server=self.server, env_extra=self.env_extra,
+                           import_mode=self.import_mode)
             except RuntimeError as exc:  # the fork server refused: spawn from now on
                 self.fall_back(str(exc))
                 w = Worker(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
-                           env=self.env, env_extra=self.env_extra)
+                           env=self.env, env_extra=self.env_extra, import_mode=self.import_mode)
             self.started.append(w)
             pair[side] = w
         return pair

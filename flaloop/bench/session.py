@@ -46,6 +46,10 @@ from flaloop.guard.findings import apply_allowances
 
 Events = Callable[..., None]
 MAX_RESTARTS = 4  # fresh pairs after crashes or hangs, per run
+# CUDA errors after which the process's context is unusable: the worker answers, but every later
+# call would fail too, so the pair is replaced before the next cell.
+STICKY_CUDA = ("illegal memory access", "unspecified launch failure", "device-side assert", "misaligned address",
+               "illegal instruction", "an illegal address", "CUDA error: unknown error", "uncorrectable ECC")
 
 
 class Cancelled(Exception):
@@ -84,6 +88,7 @@ class Session:
         self.integrity: dict[str, list[str]] = {"base": [], "cand": []}
         self.run_findings: list[dict] = []  # guard findings about the whole run (timer patches)
         self.restarts = 0
+        self.broken: str | None = None  # why the current pair must be replaced (a sticky CUDA error)
         self.probe_seconds = 0.0
         self.cancel = cancel
 
@@ -114,7 +119,8 @@ class Session:
                 python=self.python, op=self.op, device=self.cfg.device, trees=trees,
                 registry=base_tree / self.registry_rel, run_dir=self.run_dir, env=env,
                 setup_timeout=self.cfg.setup_timeout, use_forkserver=self.cfg.forkserver,
-                preload_file=ws / "preload.json", gpu=self.gpu))
+                preload_file=ws / f"preload-{self.cfg.import_mode}.json", gpu=self.gpu,
+                import_mode=self.cfg.import_mode))
             # Every pair the run is known to need, started now: the imports overlap.
             self.pool.prestart("round1", self._order(0))
             for rnd in range(1, max(1, self.cfg.rounds)):
@@ -196,7 +202,9 @@ class Session:
             w.close()
 
     def _restart(self, why: str) -> bool:
-        """A fresh pair for this round after a crash or hang; False when the budget is spent."""
+        """A fresh pair for this round after a crash, a hang or a broken CUDA context; False when
+        the budget is spent."""
+        self.broken = None
         self._close_workers()
         if self.restarts >= MAX_RESTARTS:
             self.errors.append(f"no fresh workers after {self.restarts} restarts: {why}")
@@ -269,11 +277,14 @@ class Session:
             self.on_event("warm", cell=res.cell.id, index=i, total=len(self.results))
             try:
                 self._warm(res)
-                self._release(res)
+                if not self.broken:
+                    self._release(res)
             except WorkerFailed as exc:
                 self._cell_failed(res, exc)
                 if not self._restart(exc.message):
                     return
+            if self.broken and not self._restart(self.broken):
+                return
             if _cache_entries(cache) > entries:
                 # this warm-up compiles: the processes that will measure start importing now
                 self.pool.prestart("primed", self._order(0))
@@ -373,6 +384,9 @@ class Session:
         else:
             res.status, res.reason = "failed", f"{side}: {error}"
             res.setup[f"{side}_traceback"] = reply.get("traceback", "")[-4000:]
+            if any(s in error for s in STICKY_CUDA):
+                self.broken = f"the {side} worker's CUDA context is broken ({error[:200]})"
+                self.errors.append(f"{res.cell.id}: {self.broken}")
 
     # -- phase 2: paired sampling --
 
@@ -384,7 +398,10 @@ class Session:
         t0 = time.monotonic()
         try:
             self._sample_cell(res, t0)
-            self._release(res)
+            if self.broken:
+                self._restart(self.broken)
+            else:
+                self._release(res)
         except WorkerFailed as exc:
             self._cell_failed(res, exc)
             res.reason = f"round {self.round + 1}: {res.reason}"
@@ -440,7 +457,10 @@ class Session:
             self.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
             state = (settled(r_kept, self.cfg.margin, self.cfg.settle_band, self.cfg.seed)
                      if self.round == 0 and len(r_kept) >= min_r else None)
-            if state or rule.enough(r_kept, time.monotonic() - t0) or len(mine) >= 3 * max_r:
+            # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
+            # calibrated on the base) must still get enough pairs to be called SLOWER
+            elapsed = time.monotonic() - t0 if len(r_kept) >= min(min_r, 6) else 0.0
+            if state or rule.enough(r_kept, elapsed) or len(mine) >= 3 * max_r:
                 why = (f"settled: the CI lies {state} the margin" if state else
                        f"{len(r_kept)} pairs, as many as round 1" if self.round and first >= 2
                        and rule.reason.startswith("pair cap") else rule.reason)

@@ -68,7 +68,10 @@ class ForkServer:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._lock = threading.Lock()
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in close()
-        argv = [python, "-u", str(WORKER), "--forkserver", str(theirs.fileno()), "--preload", ",".join(preload)]
+        # thousands of module names: a file, not the command line (ARG_MAX)
+        listing = log_path.with_name("forkserver-preload.txt")
+        listing.write_text("\n".join(preload))
+        argv = [python, "-u", str(WORKER), "--forkserver", str(theirs.fileno()), "--preload", str(listing)]
         self.p = procs.spawn(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
                              pass_fds=(theirs.fileno(),))
         theirs.close()
@@ -183,7 +186,7 @@ class Worker:
 
     def __init__(self, side: str, python: str, tree: Path, registry: Path, op: str, device: str,
                  log_path: Path, env: dict[str, str] | None = None, server: ForkServer | None = None,
-                 env_extra: dict[str, str] | None = None):
+                 env_extra: dict[str, str] | None = None, import_mode: str = "full"):
         self.side, self.tree, self.log_path = side, tree, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = procs.CappedLog(log_path)  # a chatty op cannot fill the disk
@@ -191,6 +194,8 @@ class Worker:
                 "--workdir", str(log_path.parent)]
         if device != "auto":
             args += ["--device", device]
+        if import_mode != "full":
+            args += ["--import-mode", import_mode]
         self.forked = server is not None
         try:
             if server is not None:

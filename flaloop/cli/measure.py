@@ -89,9 +89,12 @@ class BenchOptions:
                         "(1% half-width, 6-40 pairs, 10 s a cell); labelled SIGNAL everywhere, never a promotion.")] = False
     no_probes: Annotated[bool, typer.Option(
         "--no-probes", help="Skip the guard's dynamic probes (to measure their cost; the result is then unguarded).")] = False
-    no_forkserver: Annotated[bool, typer.Option(
-        "--no-forkserver", help="Spawn every worker afresh instead of forking them from a server that "
-                                "imported the target's libraries once.")] = False
+    import_mode: Annotated[str, typer.Option(
+        "--import", help="full (default): import the op as users do; lean: the op's parent packages run "
+                         "their __init__ only when asked for a name (faster starts; both sides alike).")] = "full"
+    forkserver: Annotated[bool, typer.Option(
+        "--forkserver", help="Fork the workers from a server that imported the target's third-party libraries "
+                             "once (default: spawn each; see docs/BENCHMARKS.md for what it saves).")] = False
 
     def shape_list(self) -> list[str] | None:
         return [s for item in (self.shapes or []) for s in item.split(",") if s] or None
@@ -105,6 +108,8 @@ class BenchOptions:
             raise UsageError(f"--rounds {self.rounds}: need at least 1 (2 or more let a per-process effect show)")
         if self.max_rounds < 0:
             raise UsageError(f"--max-rounds {self.max_rounds}: need 0 or more (at most --rounds: no extra rounds)")
+        if self.import_mode not in ("full", "lean"):
+            raise UsageError(f"--import {self.import_mode!r} is not one of full, lean")
         if self.min_pairs < 2 or self.max_pairs < self.min_pairs:
             raise UsageError(f"--min-pairs {self.min_pairs} / --max-pairs {self.max_pairs}: "
                              "need 2 <= min-pairs <= max-pairs")
@@ -119,7 +124,7 @@ class BenchOptions:
             device=self.device, dtype=self.dtype, diff_tol=self.diff_tol,
             shared_tuning=not self.independent_tuning, rounds=self.rounds,
             max_rounds=max(self.rounds, self.max_rounds), probes=not self.no_probes,
-            forkserver=not self.no_forkserver,
+            forkserver=self.forkserver, import_mode=self.import_mode,
             overrides=contract_mod.parse_overrides(self.inputs or [])), **quick})
 
 

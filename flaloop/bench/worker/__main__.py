@@ -35,9 +35,12 @@ def _arm_lifeline() -> None:
 
 
 def _forkserver(argv) -> int:
-    # __main__.py --forkserver FD [--preload a,b,c]: see forkserver.py
+    # __main__.py --forkserver FD [--preload FILE (one module name a line)]: see forkserver.py
     fd = int(argv[1])
-    names = argv[3].split(',') if len(argv) > 3 and argv[2] == '--preload' and argv[3] else []
+    names = []
+    if len(argv) > 3 and argv[2] == '--preload':
+        with open(argv[3], encoding='utf-8') as f:
+            names = [line.strip() for line in f if line.strip()]
     server = _load_package()
     forkserver = importlib.import_module(f'{PACKAGE}.forkserver')
     return forkserver.serve(fd, names, server.main)

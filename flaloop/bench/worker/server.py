@@ -20,7 +20,7 @@ from . import integrity, probes, timing
 from .cell import Cell
 from .compare import compare_with_dump, save_dump
 from .protocol import InitError, send, serve, short_error
-from .target import apply_backend_env, import_op, load_registry, loaded_outside, source_file
+from .target import LAZY_RAN, apply_backend_env, import_op, load_registry, loaded_outside, source_file
 from .tuning import dist_version, triton_version
 
 
@@ -74,11 +74,15 @@ class Worker:
         if dev == 'cuda' and not torch.cuda.is_available():
             raise RuntimeError('--device cuda but torch.cuda.is_available() is False')
         self.device = torch.device(dev)
+        if self.device.type == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
+            # two workers share the host's cores: intra-op thread pools of both would fight for them
+            # and turn every sample into a scheduler lottery (OMP_NUM_THREADS overrides this)
+            torch.set_num_threads(1)
         if self.device.type == 'cuda':
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
             self.l2_bytes = int(getattr(props, 'L2_cache_size', 0) or 0) or None
         self.flush_l2 = timing.L2Flush(self.device, self.l2_bytes)
-        self.mod, self.fn = import_op(self.cfg)
+        self.mod, self.fn = import_op(self.cfg, lean=a.import_mode == 'lean', tree=self.tree)
         self.import_s = time.perf_counter() - t0
 
     # -- dispatch ---------------------------------------------------------------------------------------
@@ -147,6 +151,8 @@ class Worker:
             'backend': self.backend_note,
             'pid': os.getpid(),
             'import_s': self.import_s,
+            'import_mode': self.args.import_mode,
+            'lazy_packages_ran': list(LAZY_RAN),
             'watched': len(self.watch),
             'preload': [m for m in loaded_outside(self.tree) if m.split('.')[0] != package],
             'numeric_at_import': probes.numeric_settings(),
@@ -246,6 +252,8 @@ def parse_args(argv):
     p.add_argument('--device', choices=['cuda', 'cpu'], default=None, help='default: cuda when available')
     p.add_argument('--workdir', default=None, help='chdir here before importing the op')
     p.add_argument('--backend', default=None, help="op backend (OpConfig.backend_env key, or 'triton')")
+    p.add_argument('--import-mode', choices=['full', 'lean'], default='full',
+                   help="lean: the op's parent packages run their __init__ only when asked for a name")
     return p.parse_args(argv)
 
 

@@ -7,6 +7,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import types
 
 REGISTRY_MODULE_NAME = '_flaloop_target_registry'
 
@@ -52,8 +53,50 @@ def apply_backend_env(cfg, backend: str | None) -> str | None:
     return f'{backend} ({env}=1)'
 
 
-def import_op(cfg):
-    """(module, function) of the registry entry `cfg`."""
+class LazyPackage(types.ModuleType):
+    """A package of the tree whose `__init__.py` runs only when something asks it for a name that is
+    not one of its submodules (PEP 562): `--import lean` skips what FLA's `fla/__init__.py` pulls in
+    (fla.layers, fla.models, transformers) when the op does not need it."""
+
+    def __getattr__(self, name: str):
+        if name.startswith('__') or self.__dict__.get('_flaloop_ran'):
+            raise AttributeError(name)
+        self.__dict__['_flaloop_ran'] = True
+        LAZY_RAN.append(self.__name__)
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, name)
+
+
+LAZY_RAN: list[str] = []
+
+
+def _lean_parents(import_path: str, tree: str) -> list[str]:
+    """Install lazy stand-ins for the op module's parent packages that live in `tree`."""
+    parts = import_path.split('.')
+    stubbed = []
+    for i in range(1, len(parts)):
+        name = '.'.join(parts[:i])
+        if name in sys.modules:
+            continue
+        d = os.path.join(tree, *parts[:i])
+        init = os.path.join(d, '__init__.py')
+        if not os.path.isfile(init):
+            break
+        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[d])
+        mod = LazyPackage(name)
+        mod.__spec__, mod.__file__, mod.__path__, mod.__package__ = spec, init, [d], name
+        mod.__loader__ = spec.loader
+        sys.modules[name] = mod
+        if i > 1:
+            setattr(sys.modules['.'.join(parts[:i - 1])], parts[i - 1], mod)
+        stubbed.append(name)
+    return stubbed
+
+
+def import_op(cfg, lean: bool = False, tree: str | None = None):
+    """(module, function) of the registry entry `cfg`; `lean` defers the parent packages' __init__."""
+    if lean and tree:
+        _lean_parents(cfg.import_path, tree)
     mod = importlib.import_module(cfg.import_path)
     attr = cfg.func_name or cfg.name
     fn = getattr(mod, attr, None)
