@@ -19,7 +19,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flaloop import __version__, git
+from flaloop import __version__, fsutil, git
 from flaloop.errors import UsageError
 from flaloop.target import OpSpec, Target, run_probe
 
@@ -70,8 +70,10 @@ class Contract:
 
     @classmethod
     def from_dict(cls, data: dict) -> Contract:
+        """A contract from its JSON; ValueError naming the first key that is missing or wrong."""
+        check_contract(data)
         data = dict(data)
-        data["frozen"] = [FrozenFile(**f) for f in data.get("frozen", [])]
+        data["frozen"] = [FrozenFile(**{k: f[k] for k in ("path", "sha256", "reason")}) for f in data["frozen"]]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -82,13 +84,27 @@ class Contract:
     @classmethod
     def load(cls, target: Target, op: str) -> Contract:
         path = cls.path(target, op)
+        rel = path.relative_to(target.root)
         if not path.exists():
             raise UsageError(f"no task contract for {op!r} in {target.root}",
                              f"run `flaloop init {op}` first: every command needs the contract")
+        redo = f"restore it, or write a new one with `flaloop init {op} --force` (add --base REF for another base)"
         try:
-            return cls.from_dict(json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise UsageError(f"{path} is damaged: {exc}", f"rerun `flaloop init {op} --force`") from exc
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UsageError(f"{rel} is damaged (not readable JSON: {exc})", redo) from exc
+        if isinstance(data, dict) and data.get("schema", SCHEMA) != SCHEMA:
+            raise UsageError(f"{rel} has contract schema {data['schema']!r}; this flaloop "
+                             f"({__version__}) reads schema {SCHEMA}",
+                             f"use the flaloop that wrote it ({data.get('flaloop_version', '?')}), or {redo}")
+        try:
+            c = cls.from_dict(data)
+        except ValueError as exc:
+            raise UsageError(f"{rel} is damaged: {exc}", redo) from exc
+        if c.op != op:
+            raise UsageError(f"{rel} is the contract of {c.op!r}, not {op!r}", redo)
+        git.require_commit(target.root, c.base_commit, f"the base commit of {rel} ({c.base_ref})")
+        return c
 
     def allow(self, rule: str, why: str) -> dict:
         """Record a justified exception to a guard rule (replacing an earlier one for the same rule)."""
@@ -98,10 +114,54 @@ class Contract:
         return entry
 
     def save(self, target: Target) -> Path:
-        path = self.path(target, self.op)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
+        return fsutil.atomic_write_text(self.path(target, self.op), json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+_REQUIRED = ("op", "import_path", "func_name", "entry_file", "signature", "parameters", "base_ref", "base_commit",
+             "test_file", "frozen")
+# key -> (type(s) it must have, words for the message)
+_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "op": (str, "a string"), "import_path": (str, "a string"), "func_name": (str, "a string"),
+    "entry_file": (str, "a string"), "signature": (str, "a string"), "parameters": (list, "a list"),
+    "base_ref": (str, "a string"), "base_commit": (str, "a string"), "test_file": (str, "a string"),
+    "frozen": (list, "a list"), "target_speedup": ((int, float), "a number"), "shapes": (list, "a list"),
+    "modes": (list, "a list"), "langs": (list, "a list"), "input_overrides": (dict, "an object"),
+    "varlen": (bool, "true or false"), "created": (str, "a string"), "flaloop_version": (str, "a string"),
+    "schema": (int, "an integer"),
+}
+
+
+def check_contract(data) -> None:
+    """ValueError naming what is wrong with a contract's JSON (hand edits, truncation, old files)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"it lacks {', '.join(missing)}")
+    for key, (typ, words) in _TYPES.items():
+        value = data.get(key)
+        if key in data and (not isinstance(value, typ) or (typ is not bool and isinstance(value, bool))):
+            raise ValueError(f"{key} must be {words}, not {type(value).__name__} ({value!r:.60})")
+    if not re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", data["base_commit"]):
+        raise ValueError(f"base_commit {data['base_commit']!r:.60} is not a full commit sha")
+    for i, f in enumerate(data["frozen"]):
+        name = f.get("path") if isinstance(f, dict) else None
+        what = f"frozen[{i}]" + (f" ({name})" if isinstance(name, str) else "")
+        if not isinstance(f, dict):
+            raise ValueError(f"{what} must be an object with path, sha256 and reason")
+        for k in ("path", "sha256", "reason"):
+            if not isinstance(f.get(k), str):
+                raise ValueError(f"{what} has no {k}" if k not in f else f"{what}: {k} must be a string")
+        if not re.fullmatch(r"[0-9a-f]{64}", f["sha256"]):
+            raise ValueError(f"{what}: sha256 {f['sha256']!r:.70} is not a sha256 hex digest")
+    for key, allowed in (("modes", MODES), ("langs", LANGS)):
+        bad = [m for m in data.get(key, []) if m not in allowed]
+        if bad:
+            raise ValueError(f"{key}: {', '.join(map(repr, bad))} not among {', '.join(allowed)}")
+    if not all(isinstance(x, str) for x in data.get("shapes", [])):
+        raise ValueError("shapes must be a list of shape names (strings)")
+    if "target_speedup" in data and not data["target_speedup"] > 0:
+        raise ValueError(f"target_speedup must be positive, not {data['target_speedup']!r}")
 
 
 # -- the frozen set -----------------------------------------------------------------------------
@@ -341,8 +401,7 @@ def update_draft_allowed(target: Target, c: Contract) -> Path | None:
     else:
         nxt = text.find("\n## ", start + len(ALLOWED_HEADING))
         text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
-    path.write_text(text)
-    return path
+    return fsutil.atomic_write_text(path, text)
 
 
 def write(target: Target, contract: Contract, force: bool) -> tuple[Path, Path]:
@@ -353,7 +412,6 @@ def write(target: Target, contract: Contract, force: bool) -> tuple[Path, Path]:
                          "pass --force to replace it (docs/draft.md is rewritten too)")
     rel_ws = str(ws.relative_to(target.root))
     git.ensure_ignored(target.root, rel_ws)
-    dpath.parent.mkdir(parents=True, exist_ok=True)
-    dpath.write_text(render_draft(contract))
+    fsutil.atomic_write_text(dpath, render_draft(contract))
     contract.save(target)
     return cpath, dpath

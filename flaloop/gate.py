@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flaloop import git
+from flaloop import fsutil, git, procs
 from flaloop.contract import Contract, changed_frozen
 from flaloop.errors import UsageError
 from flaloop.target import Target
@@ -201,18 +201,23 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                    "FLALOOP_GATE_GPUS": ",".join(gpus or []),
                    # pytest cuts its `FAILED id - reason` lines at the terminal width
                    "COLUMNS": "400"}
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = procs.CappedLog(log_path, head=16 << 20, tail=4 << 20, header="$ " + " ".join(cmd) + "\n")
+        except OSError as exc:
+            raise fsutil.storage_error(exc, log_path) from exc
         t0 = time.monotonic()
-        with open(log_path, "w") as log:
-            log.write("$ " + " ".join(cmd) + "\n")
-            log.flush()
-            proc = subprocess.Popen(cmd, cwd=tmp, env=run_env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            # pytest and its xdist workers die with flaloop, even by SIGKILL (see flaloop.procs)
+            proc = procs.spawn(cmd, cwd=tmp, env=run_env, stdout=log.fd, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+            log.started()
             try:
                 _wait(proc, events, progress, timeout, t0)
-            except BaseException:
-                _kill(proc)
-                raise
+            finally:
+                _kill(proc)  # xdist workers may linger after pytest itself exited
+        finally:
+            log.close()
         wall = time.monotonic() - t0
         evs = _read_events(events)
         # Under xdist every worker collects and finishes: merge what they saw.
@@ -268,18 +273,8 @@ def _wait(proc: subprocess.Popen, events: Path, progress: Progress | None, timeo
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    # SIGINT first: pytest then still writes its summary and JUnit file
+    procs.kill_popen(proc, (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
 
 
 def _short_summary(path: Path) -> list[str]:
@@ -318,8 +313,9 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     """
     key = _baseline_key(contract, k_expr, target.python, kind)
     cache = target.workspace(contract.op) / "gate" / f"baseline-{key}.json"
-    if cache.exists():
-        return {**json.loads(cache.read_text()), "cached": True}
+    cached = fsutil.read_json_cache(cache)
+    if isinstance(cached, dict) and isinstance(cached.get("selected"), list):
+        return {**cached, "cached": True}
     package = contract.import_path.split(".")[0]
     with git.worktree(target.root, contract.base_commit, "base") as wt:
         run = run_pytest(target.python, wt, contract.test_file, k_expr=k_expr, env=env, package=package,
@@ -337,8 +333,7 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     data = {"kind": kind, "base_commit": contract.base_commit, "k_expr": k_expr, "python": target.python,
             "selected": run.selected, "skipped": skipped, "failed": run.failed, "errors": run.errors,
             "passed": run.passed, "wall_s": round(run.wall_s, 2)}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(data, indent=1))
+    fsutil.atomic_write_json(cache, data)
     return {**data, "cached": False}
 
 
@@ -454,6 +449,10 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
                                 diff))
     run = base = None
     log_path = ws / "gate" / f"gate-{stamp}.log"
+    for i in range(2, 1000):  # two gates within one second keep both logs
+        if not log_path.exists():
+            break
+        log_path = ws / "gate" / f"gate-{stamp}-{i}.log"
     if not findings:  # a frozen edit is red already; don't spend minutes of GPU on it
         target.require_test_file(contract.op, contract.test_file)
         base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress,
@@ -476,27 +475,18 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
                         wall_s=time.monotonic() - t0, key=key)
     record(target, result)
     if result.green:
-        _write_json(_green_cache(target, contract.op, key), result.to_dict())
+        fsutil.atomic_write_json(_green_cache(target, contract.op, key), result.to_dict())
     return result
 
 
 def record(target: Target, result: GateResult) -> Path:
     """Keep the result for later commands (verify, iter, report)."""
-    path = target.workspace(result.op) / "gate" / "last.json"
-    _write_json(path, result.to_dict())
-    return path
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, path)
+    return fsutil.atomic_write_json(target.workspace(result.op) / "gate" / "last.json", result.to_dict())
 
 
 def last_result(target: Target, op: str) -> dict | None:
-    p = target.workspace(op) / "gate" / "last.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    last = fsutil.read_json_cache(target.workspace(op) / "gate" / "last.json")
+    return last if isinstance(last, dict) and isinstance(last.get("tree"), dict) else None
 
 
 def last_gate_for(target: Target, op: str, tree: dict) -> dict | None:

@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from flaloop import git, roofline
+from flaloop import fsutil, git, procs, roofline
 from flaloop.bench import model as model_mod
 from flaloop.bench.record import now_stamp
 from flaloop.errors import MeasurementError, UsageError
@@ -69,7 +69,7 @@ def _run_probe(python: str, tree: Path, registry: Path, op: str, wire: dict, out
     if prefix:
         cmd.append("--ncu-target")
     try:
-        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = procs.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise MeasurementError(f"profiling the {side} side took longer than {timeout:.0f}s") from exc
     result = out / f"step-{side}{'-ncu' if prefix else ''}.json"
@@ -230,5 +230,5 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
     else:
         doc["roofline"] = None
     doc["path"] = str(out / "profile.json")
-    (out / "profile.json").write_text(json.dumps(doc, indent=1, default=str))
+    fsutil.atomic_write_json(out / "profile.json", doc)
     return doc

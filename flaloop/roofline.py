@@ -29,6 +29,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from flaloop import fsutil, procs
 from flaloop.errors import MeasurementError, UsageError
 
 CHUNK = 64
@@ -259,7 +260,7 @@ def measure_ceilings(python: str, device_uuid: str | None, timeout: float = 600)
         cmd = [python, str(PROBE), "--out", str(out)]
         cmd += ["--device", "cuda", "--uuid", device_uuid] if device_uuid else ["--device", "cpu"]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+            proc = procs.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise MeasurementError(f"the ceilings probe did not finish: {exc}") from exc
         if not out.exists():
@@ -279,11 +280,7 @@ def ceilings_for(python: str, device_uuid: str | None, refresh: bool = False) ->
         if cached is not None:
             return cached
     c = measure_ceilings(python, device_uuid)
-    p = cache_path(device_uuid)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(c.to_dict(), indent=1) + "\n")
-    os.replace(tmp, p)
+    fsutil.atomic_write_json(cache_path(device_uuid), c.to_dict())
     return c
 
 

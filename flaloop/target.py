@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import tomllib
 
-from flaloop import git
+from flaloop import git, procs
 from flaloop.errors import UsageError
 
 PROBE = Path(__file__).parent / "probes" / "target_probe.py"
@@ -73,16 +74,60 @@ def run_probe(python: str, root: Path, args: list[str], timeout: float = 600) ->
         out = Path(tmp) / "out.json"
         cmd = [python, str(PROBE), *args, "--tree", str(root), "--out", str(out)]
         try:
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
-        except FileNotFoundError as exc:
-            raise UsageError(f"the target interpreter {python!r} was not found",
-                             "pass --python PATH to the Python that has the target's torch") from exc
+            proc = procs.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             raise UsageError(f"probing the target with {python} took longer than {timeout:.0f}s") from exc
-        if not out.exists():
-            tail = (proc.stderr or proc.stdout)[-2000:]
-            raise UsageError(f"the target probe died (exit {proc.returncode}) under {python}:\n{tail}")
-        return json.loads(out.read_text())
+        except OSError as exc:  # missing, not executable, not a program
+            raise UsageError(f"the target interpreter {python!r} cannot be run: {exc.strerror or exc}",
+                             "pass --python PATH to the Python that has the target's torch") from exc
+        stdout, stderr = proc.stdout, proc.stderr
+        try:
+            return json.loads(out.read_text())
+        except (OSError, ValueError):
+            tail = (stderr or stdout)[-2000:]
+            raise UsageError(f"the target probe died (exit {proc.returncode}) under {python}:\n{tail}",
+                             "check that --python is the interpreter of the target (it must import torch)") from None
+
+
+# Types of the flaloop.toml keys flaloop reads. Tables and keys it does not know are left alone
+# (other tools, and later versions, may add theirs).
+_CONFIG_KEYS = {"target": {"registry": str}, "gate": {"strip_env": list}}
+_OP_KEYS = {"import_path": str, "func_name": str, "test_file": str}
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def check_config(config: dict) -> None:
+    """Refuse a flaloop.toml whose values have the wrong shape, naming the key and the fix."""
+    def bad(where: str, what: str) -> UsageError:
+        return UsageError(f"{CONFIG_FILE}: {where} {what}", f"fix {CONFIG_FILE} (its format is in `flaloop list --help`)")
+
+    for table, keys in _CONFIG_KEYS.items():
+        if table not in config:
+            continue
+        if not isinstance(config[table], dict):
+            raise bad(table, f"must be a table ([{table}]), not {type(config[table]).__name__}")
+        for key, typ in keys.items():
+            value = config[table].get(key)
+            if value is not None and not isinstance(value, typ):
+                raise bad(f"[{table}] {key}", f"must be a {typ.__name__}, not {type(value).__name__} ({value!r})")
+    strip = config.get("gate", {}).get("strip_env", [])
+    if not all(isinstance(v, str) and v for v in strip):
+        raise bad("[gate] strip_env", f"must list variable names as strings, got {strip!r}")
+    ops = config.get("ops", {})
+    if not isinstance(ops, dict):
+        raise bad("ops", f"must be tables [ops.NAME], not {type(ops).__name__}")
+    for name, entry in ops.items():
+        if not isinstance(entry, dict):
+            raise bad(f"ops.{name}", f"must be a table [ops.{name}], not {type(entry).__name__} ({entry!r})")
+        if "import_path" not in entry:
+            raise UsageError(f"{CONFIG_FILE}: [ops.{name}] has no import_path",
+                             f'add import_path = "pkg.module" (the module that exports {name}) under [ops.{name}]')
+        for key, typ in _OP_KEYS.items():
+            if key in entry and not isinstance(entry[key], typ):
+                raise bad(f"[ops.{name}] {key}", f"must be a {typ.__name__}, not {type(entry[key]).__name__} "
+                                                 f"({entry[key]!r})")
+        if not _DOTTED.fullmatch(entry["import_path"]):
+            raise bad(f"[ops.{name}] import_path", f"{entry['import_path']!r} is not a dotted module name")
 
 
 @dataclass
@@ -99,8 +144,10 @@ class Target:
         if cfg_path.exists():
             try:
                 config = tomllib.loads(cfg_path.read_text())
-            except tomllib.TOMLDecodeError as exc:
-                raise UsageError(f"{cfg_path} is not valid TOML: {exc}") from exc
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise UsageError(f"{cfg_path} is not valid TOML: {exc}",
+                                 "fix the file (see `flaloop list --help` for its tables)") from exc
+            check_config(config)
         return cls(root=root, python=python or sys.executable, config=config)
 
     # -- layout -----------------------------------------------------------------------------
@@ -125,10 +172,13 @@ class Target:
             else:
                 ans = run_probe(self.python, self.root, ["registry", "--registry", str(self.registry_file)])
                 if not ans.get("ok"):
+                    rel = self.registry_file.relative_to(self.root)
+                    error = str(ans.get("error"))
+                    missing = error.startswith(("ModuleNotFoundError", "ImportError"))
                     raise UsageError(
-                        f"could not import the registry {self.registry_file.relative_to(self.root)} "
-                        f"with {self.python}: {ans.get('error')}",
-                        "check that this interpreter has the target's dependencies (torch), or pass --python",
+                        f"could not import the registry {rel} with {self.python}: {error}",
+                        "check that this interpreter has the target's dependencies (torch), or pass --python"
+                        if missing else f"fix {rel} where the error points",
                     )
                 self._registry = ans
         return self._registry
@@ -143,8 +193,6 @@ class Target:
                 test_file_explicit=explicit, source="registry", registry=entry,
             )
         for name, entry in self.config.get("ops", {}).items():
-            if "import_path" not in entry:
-                raise UsageError(f"{CONFIG_FILE}: [ops.{name}] has no import_path")
             explicit = "test_file" in entry
             specs[name] = OpSpec(
                 name=name, import_path=entry["import_path"], func_name=entry.get("func_name", name),

@@ -9,18 +9,29 @@ until then its processes wait on their stdin, idle.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
+from flaloop import fsutil
 from flaloop.bench.workers import ForkServer, Worker, WorkerFailed
-from flaloop.errors import MeasurementError
+from flaloop.errors import MeasurementError, StorageError
 
 SIDES = ("base", "cand")
 
 
 def _inside(path: str | None, tree: Path) -> bool:
     return bool(path) and os.path.realpath(path).startswith(os.path.realpath(tree) + os.sep)
+
+
+def _raised_at(traceback_text: str, tree: Path) -> str:
+    """' (at path:line)' of the innermost frame of a traceback that lies inside `tree`."""
+    root = os.path.realpath(tree) + os.sep
+    spots = [(f, n) for f, n in re.findall(r'File "([^"]+)", line (\d+)', traceback_text)
+             if os.path.realpath(f).startswith(root)]
+    return f" (at {os.path.relpath(os.path.realpath(spots[-1][0]), root)}:{spots[-1][1]})" if spots else ""
 
 
 class WorkerPool:
@@ -71,13 +82,8 @@ class WorkerPool:
     def remember_preload(self, hellos: list[dict]) -> None:
         names = sorted({m for h in hellos for m in (h.get("preload") or [])})
         if names:
-            try:
-                self.preload_file.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.preload_file.with_suffix(".tmp")
-                tmp.write_text(json.dumps(names))
-                os.replace(tmp, self.preload_file)
-            except OSError:
-                pass
+            with contextlib.suppress(StorageError):  # a cache: the next run just preloads less
+                fsutil.atomic_write_json(self.preload_file, names, indent=None)
 
     # -- pairs --
 
@@ -107,8 +113,11 @@ class WorkerPool:
             w.hello = w.request("hello", self.setup_timeout)
             hellos[side] = w.hello
             if not w.hello.get("ok"):
-                raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}",
-                                       w.hello.get("traceback", "")[-2000:])
+                tb = w.hello.get("traceback", "")
+                raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}"
+                                       f"{_raised_at(tb, w.tree)}",
+                                       "fix the import in that tree (rerun with --debug for the worker's traceback)",
+                                       detail=tb[-4000:])
             for key in ("op_module_file", "op_func_file"):
                 if not _inside(w.hello.get(key), w.tree):
                     raise MeasurementError(

@@ -8,18 +8,17 @@ short (Ctrl-C), so that `--json` can name it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
-import json
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from flaloop import evidence, git, roofline
+from flaloop import evidence, fsutil, git, roofline
 from flaloop.bench.analysis import analyse
 from flaloop.bench.model import BenchConfig, make_cells
 from flaloop.bench.session import Cancelled, Events, Session
-from flaloop.errors import MeasurementError, UsageError
+from flaloop.errors import MeasurementError, StorageError, UsageError
 from flaloop.gate import last_gate_for
 from flaloop.guard import probes as guard_probes
 from flaloop.guard.audit import audit
@@ -29,12 +28,7 @@ SCHEMA = 2
 
 
 def write_record(run_dir: Path, record: dict) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "record.json"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    os.replace(tmp, path)
-    return path
+    return fsutil.atomic_write_json(run_dir / "record.json", record)
 
 
 def now_stamp() -> str:
@@ -100,7 +94,8 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
     # The static rules over the diff against this run's base: seconds, before any process starts.
     static = None if cfg.aa else audit(target, contract, base_commit).to_dict()
     stamp = now_stamp()
-    run_dir = target.workspace(contract.op) / "runs" / f"{stamp}-{'aa' if cfg.aa else 'bench'}"
+    # its own directory, even when another run of this op started within the same second
+    run_dir = fsutil.unique_dir(target.workspace(contract.op) / "runs", f"{stamp}-{'aa' if cfg.aa else 'bench'}")
     session = Session(root=target.root, python=target.python, op=contract.op,
                       registry_rel=str(target.registry_file.relative_to(target.root)), base_commit=base_commit,
                       cells=cells, config=cfg, run_dir=run_dir, on_event=on_event, allowed=allowed, gpu=gpu,
@@ -137,7 +132,14 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
             record["env"]["during"] = evidence.during_evidence(evidence.readings_of(record))
             _roofline(record, target, spec, session.env_info, allowed)
         if session.pool is not None or interrupted:
-            record["path"] = str(write_record(run_dir, record))
+            try:
+                record["path"] = str(write_record(run_dir, record))
+            except StorageError:
+                if pending is None:
+                    raise  # an interrupt outranks a record that could not be kept
+        else:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # nothing ran (a bad worktree, say): no empty run directory left
         if pending is not None:  # so that `--json` can still name the record of a cut-short run
             pending.record_path = record.get("path")
     return record

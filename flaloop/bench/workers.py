@@ -8,13 +8,13 @@ server is an optimisation only: when it cannot start, or a forked child cannot u
 session falls back to plain subprocesses and says so in the run record.
 
 Every worker is the leader of its own process group, dies with its parent (parent-death signal
-for spawned ones, a watchdog thread in the worker for all), and is killed group-wide on close.
+for spawned ones, a watchdog thread in the worker for all), and is killed group-wide on close
+(flaloop/procs.py). Its stderr is a bounded log (procs.CappedLog).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import queue
@@ -25,10 +25,11 @@ import threading
 import time
 from pathlib import Path
 
+from flaloop import procs
 from flaloop.errors import MeasurementError
+from flaloop.procs import kill_group
 
 WORKER = Path(__file__).parent / "worker" / "__main__.py"
-PR_SET_PDEATHSIG = 1
 
 
 class WorkerFailed(MeasurementError):
@@ -39,33 +40,12 @@ class WorkerFailed(MeasurementError):
         self.side, self.stderr = side, stderr
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except Exception:
-        pass
-
-
-def kill_group(pid: int, alive, wait) -> None:
-    """SIGTERM then SIGKILL to the process group of `pid` (a session leader)."""
-    if not alive():
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        if wait(5.0):
-            return
-
-
 class SpawnedProc:
     """A worker started with Popen (its own session, killed if we die)."""
 
     def __init__(self, argv: list[str], cwd: Path, env: dict | None, log) -> None:
-        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                  bufsize=1, cwd=cwd, env=env, start_new_session=True,
-                                  preexec_fn=_die_with_parent)
+        self.p = procs.spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                             bufsize=1, cwd=cwd, env=env)
         self.pid, self.stdin, self.stdout = self.p.pid, self.p.stdin, self.p.stdout
 
     def poll(self) -> int | None:
@@ -92,9 +72,8 @@ class ForkServer:
         listing = log_path.with_name("forkserver-preload.txt")
         listing.write_text("\n".join(preload))
         argv = [python, "-u", str(WORKER), "--forkserver", str(theirs.fileno()), "--preload", str(listing)]
-        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
-                                  pass_fds=(theirs.fileno(),), start_new_session=True,
-                                  preexec_fn=_die_with_parent)
+        self.p = procs.spawn(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
+                             pass_fds=(theirs.fileno(),))
         theirs.close()
         self.sock.settimeout(timeout)
         try:
@@ -210,7 +189,7 @@ class Worker:
                  env_extra: dict[str, str] | None = None, import_mode: str = "full"):
         self.side, self.tree, self.log_path = side, tree, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in close()
+        self._log = procs.CappedLog(log_path)  # a chatty op cannot fill the disk
         args = ["--tree", str(tree), "--registry", str(registry), "--op", op, "--side", side,
                 "--workdir", str(log_path.parent)]
         if device != "auto":
@@ -218,11 +197,16 @@ class Worker:
         if import_mode != "full":
             args += ["--import-mode", import_mode]
         self.forked = server is not None
-        if server is not None:
-            self.proc = server.spawn(args, tree, env_extra, self._log)
-        else:
-            self.proc = SpawnedProc([python, "-u", str(WORKER), *args], tree, {**(env or {}), **(env_extra or {})}
-                                    if env is not None else None, self._log)
+        try:
+            if server is not None:
+                self.proc = server.spawn(args, tree, env_extra, self._log)
+            else:
+                self.proc = SpawnedProc([python, "-u", str(WORKER), *args], tree,
+                                        {**(env or {}), **(env_extra or {})} if env is not None else None, self._log)
+        except BaseException:
+            self._log.close()
+            raise
+        self._log.started()  # the child holds the log's write end now
         self._replies: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self.dead = False
@@ -237,11 +221,9 @@ class Worker:
         self._replies.put(None)
 
     def stderr_tail(self) -> str:
-        self._log.flush()
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        if self.proc.poll() is not None:
+            self._log.drain()  # its last words may still be in the pipe
+        return self._log.tail(4000)
 
     def request(self, cmd: str, timeout: float, **payload) -> dict:
         if self.dead:

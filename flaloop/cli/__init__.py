@@ -6,23 +6,17 @@ module registers the commands of one area on that app.
 
 from __future__ import annotations
 
-import signal
 import sys
 
-from flaloop.cli import demo, guard, loop, measure, report, setup  # noqa: F401  (register their commands)
+from flaloop import procs
+from flaloop.cli import demo, guard, loop, maint, measure, report, setup  # noqa: F401  (register their commands)
 from flaloop.cli.app import app
 
 
-def _terminate(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
-    # Ctrl-C and SIGTERM unwind the same way, so worktrees and workers are always cleaned up.
-    # SIGINT is re-armed explicitly: a parent that ignores it (a background job of a script, an
-    # xdist worker) would otherwise leave us deaf to the interrupt it forwards.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _terminate)
+    # Ctrl-C and SIGTERM unwind the same way, so worktrees and workers are always cleaned up; a
+    # second or third one while that cleanup runs only says "please wait" (see flaloop.procs).
+    procs.install_signal_handlers()
     app(prog_name="flaloop")
 
 

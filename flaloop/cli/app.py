@@ -1,6 +1,7 @@
 """The typer app, the two consoles, the error-to-exit-code wrapper and the options every command shares.
 
-Exit codes: 0 verdict delivered / gate green, 1 gate red or guard blocked, 2 usage or setup error,
+Exit codes: 0 verdict delivered / gate green, 1 gate red or guard blocked, 2 usage or setup error
+(also: a file flaloop must write cannot be written, the workspace is busy with --no-wait),
 3 measurement failed, 4 internal error (a bug in flaloop), 130 interrupted. Every command takes
 --json for agents: then stdout carries exactly one JSON document and human output goes to stderr.
 
@@ -11,22 +12,30 @@ command's signature and hands the command one instance of the group.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import inspect
 import json
+import os
 import sys
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, get_type_hints
 
 import typer
+import typer.exceptions
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from flaloop import fsutil, git, locks
 from flaloop.errors import FlaloopError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_show_locals=False,
                   help="Make GPU kernels faster without breaking or gaming correctness.")
 # Not a terminal (CI, agents, pipes): rich would assume 80 columns and truncate paths.
 # markup is off by default: test ids, diffs and messages are full of [brackets]. Literal styled
@@ -40,6 +49,26 @@ PyOpt = Annotated[str | None, typer.Option("--python", help="Target's interprete
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for agents.")]
 
 INTERNAL_ERROR = 4
+# errnos of an OSError that is the machine's answer (disk full, read-only, no permission), not a bug
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+@dataclass
+class Settings:
+    """Global options (given before the command: `flaloop --debug bench ...`)."""
+
+    debug: bool = bool(os.environ.get("FLALOOP_DEBUG"))
+
+
+settings = Settings()
+
+
+@app.callback()
+def _global_options(
+    debug: Annotated[bool, typer.Option(
+        "--debug", help="Print the traceback of any error (also FLALOOP_DEBUG=1).")] = False,
+) -> None:
+    settings.debug = settings.debug or debug
 
 
 def emit_json(doc: dict) -> None:
@@ -47,8 +76,21 @@ def emit_json(doc: dict) -> None:
     print(json.dumps(doc, default=str))
 
 
+def _report(exc: FlaloopError, as_json: bool) -> None:
+    if settings.debug:
+        err.print(traceback.format_exc())
+        if exc.detail:
+            err.print(exc.detail)
+    if as_json:
+        emit_json({"ok": False, "error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code})
+    err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True)
+    if exc.hint:
+        err.print(f"  hint: {exc.hint}")
+
+
 def command(fn: Callable) -> Callable:
-    """Map FlaloopError to its exit code and message; survive Ctrl-C with exit 130."""
+    """Map FlaloopError to its exit code and message; survive Ctrl-C with exit 130; any other
+    exception is a bug: exit 4 with one line, the traceback only with --debug."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -56,12 +98,17 @@ def command(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except FlaloopError as exc:
-            if as_json:
-                emit_json({"ok": False, "error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code})
-            err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True)
-            if exc.hint:
-                err.print(f"  hint: {exc.hint}")
+            _report(exc, as_json)
             raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
+            raise  # typer.Exit carries the command's own exit code
+        except OSError as exc:
+            if exc.errno not in STORAGE_ERRNOS:
+                return _internal_error(exc, as_json)
+            _report(fsutil.storage_error(exc, exc.filename or "a file"), as_json)
+            raise typer.Exit(2) from None
+        except Exception as exc:  # noqa: BLE001 - the catch-all the exit code 4 promises
+            return _internal_error(exc, as_json)
         except KeyboardInterrupt as exc:
             record = getattr(exc, "record_path", None)
             if as_json:
@@ -71,6 +118,17 @@ def command(fn: Callable) -> Callable:
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def _internal_error(exc: Exception, as_json: bool):
+    if settings.debug:
+        err.print(traceback.format_exc())
+    message = f"internal error: {type(exc).__name__}: {exc}"
+    if as_json:
+        emit_json({"ok": False, "error": message, "hint": "rerun with --debug for the traceback; please report it",
+                   "exit_code": INTERNAL_ERROR})
+    err.print(f"{message} (rerun with --debug for the traceback; please report it)")
+    raise typer.Exit(INTERNAL_ERROR) from None
 
 
 def human(as_json: bool) -> Console:
@@ -136,3 +194,23 @@ def with_options(*groups: type) -> Callable[[Callable], Callable]:
 def _slot(group: type) -> str:
     name = group.__name__
     return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+@dataclass
+class LockOptions:
+    """Whether to queue behind another flaloop command that holds the op's workspace."""
+
+    no_wait: Annotated[bool, typer.Option(
+        "--no-wait", help="Fail with exit 2 instead of waiting when another flaloop command is "
+                          "using this op's workspace (profile/<op>-opt/).")] = False
+
+    @contextlib.contextmanager
+    def hold(self, target, op: str, console: Console, command: str) -> Iterator[locks.Holder]:
+        """Hold the op's workspace for the block (see flaloop.locks), after removing the worktrees
+        that killed flaloop runs left behind, and saying so."""
+        rel = os.path.relpath(target.workspace(op), target.root) + "/"
+        with locks.workspace_lock(target, op, wait=not self.no_wait, command=command,
+                                  on_wait=lambda h: console.print(locks.waiting_message(h, rel))) as me:
+            for pid, path in git.reap_stale_worktrees(target.root):
+                console.print(f"removed a worktree left by a killed flaloop run (pid {pid}): {path}")
+            yield me

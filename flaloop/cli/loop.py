@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from flaloop import git
+from flaloop import git, workspace
 from flaloop.cli.app import (
     JsonOpt,
     PyOpt,
@@ -428,7 +428,7 @@ def status_cmd(op: str, repo: RepoOpt = None, python: PyOpt = None, as_json: Jso
                      max_iters=c.max_iters, shapes=c.shapes, modes=c.modes)
     edits = records.check_doc(ws, ws.opt_log)
     doc = {"ok": True, "op": op, **st, "opt_log": {"path": str(ws.opt_log), "hand_edits": [e.to_dict() for e in edits]},
-           "workspace": {"path": str(ws.path)}}
+           "workspace": {"path": str(ws.path), "usage": workspace.usage(target, op)}}
     if as_json:
         emit_json(doc)
         return

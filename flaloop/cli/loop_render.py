@@ -56,4 +56,8 @@ def print_status(st: dict, console: Console) -> None:
         console.print(f"  stopped: {st['stopped']['verdict']} after iteration {st['stopped']['after_iter']}")
     for e in st["opt_log"]["hand_edits"]:
         console.print(f"  [red]OPT_LOG.md hand-edited at {escape(e['where'])}[/]", markup=True)
+    usage = (st.get("workspace") or {}).get("usage")
+    if usage:
+        console.print(f"  workspace: {usage['total'] / 1e6:.1f} MB in {usage['n_runs']} run record(s), "
+                      f"triton-cache {usage['triton-cache'] / 1e6:.1f} MB (`flaloop clean {st['op']} --keep N` prunes)")
     console.print(f"  next: {st['next']}")

@@ -21,6 +21,7 @@ from flaloop.bench.session import Cancelled
 from flaloop.cli import fla_compat
 from flaloop.cli.app import (
     JsonOpt,
+    LockOptions,
     PyOpt,
     RepoOpt,
     app,
@@ -153,12 +154,13 @@ def gate_plan(opts: GateOptions, for_verify: bool = False) -> tuple[int, list[st
 
 @app.command("gate")
 @command
-@with_options(GateOptions)
+@with_options(GateOptions, LockOptions)
 def gate_cmd(
     op: str,
     k_expr: Annotated[str | None, typer.Option("-k", help="pytest -k subset: a signal only, never a gate.")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Kill pytest after this many seconds.")] = None,
     gate_options: GateOptions = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Run the op's frozen test file as a black box; exit 0 green, 1 red."""
@@ -166,7 +168,7 @@ def gate_cmd(
     c = contract_mod.Contract.load(target, op)
     workers, gpus, _ = gate_plan(gate_options)
     console = human(as_json)
-    with progress_bar(console) as bar:
+    with lock_options.hold(target, op, console, "gate"), progress_bar(console) as bar:
         result = run_gate_with_progress(target, c, k_expr, timeout, console, bar, workers, gpus,
                                         regate=gate_options.regate)
     if as_json:
@@ -235,18 +237,19 @@ def bench_exit(record: dict) -> int:
 
 @app.command("bench")
 @command
-@with_options(BenchOptions)
+@with_options(BenchOptions, LockOptions)
 def bench_cmd(
     op: str,
     aa: Annotated[bool, typer.Option("--aa", help="Base against itself: the self-check.")] = False,
     bench_options: BenchOptions = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Paired, interleaved benchmark of the working tree against a base ref (no gate: see verify)."""
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
     cfg = bench_options.config(c, aa=aa)
-    with progress_bar(human(as_json)) as bar:
+    with lock_options.hold(target, op, human(as_json), "bench"), progress_bar(human(as_json)) as bar:
         record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=None)
     if as_json:
         emit_json({"ok": True, **record})
@@ -292,7 +295,7 @@ def _verify_side_by_side(target, c, k_expr, gate_options, bench_options, cfg, co
 
 @app.command("verify", context_settings={"allow_extra_args": True})
 @command
-@with_options(GateOptions, BenchOptions, FlaVerifyFlags)
+@with_options(GateOptions, BenchOptions, FlaVerifyFlags, LockOptions)
 def verify_cmd(
     ctx: typer.Context,
     op: Annotated[str | None, typer.Argument(help="The op (or FLA's --op).")] = None,
@@ -301,6 +304,7 @@ def verify_cmd(
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
     fla_verify_flags: FlaVerifyFlags = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Gate first, then the paired benchmark; never a bench result on a red gate. With several GPUs the
@@ -318,44 +322,45 @@ def verify_cmd(
     for note in call.notes:
         console.print(f"({note})")
     cfg = bench_options.config(c)
-    workers, gate_gpus, bench_gpu = gate_plan(gate_options, for_verify=True)
-    gate_dict, record = None, None
-    if no_gate:
-        console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
-                      "must not be used as evidence of a win[/]", markup=True)
-        with progress_bar(console) as bar:
-            record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=None)
-    elif bench_gpu is not None:
-        result, record = _verify_side_by_side(target, c, k_expr, gate_options, bench_options, cfg, console,
-                                              workers, gate_gpus, bench_gpu)
-        gate_dict = result.to_dict()
-    else:
-        with progress_bar(console) as bar:
-            result = run_gate_with_progress(target, c, k_expr, None, console, bar, workers, gate_gpus,
-                                            regate=gate_options.regate)
-        gate_dict = result.to_dict()
-    if gate_dict is not None:
-        print_gate(result, console)
-        if not result.green:
-            if as_json:
-                emit_json({"ok": True, "gate": gate_dict, "bench": None})
-            console.print("[red]gate is red: no benchmark result is shown on a red gate[/]", markup=True)
-            raise typer.Exit(1)
-        if record is None:
+    with lock_options.hold(target, op, console, "verify"):
+        workers, gate_gpus, bench_gpu = gate_plan(gate_options, for_verify=True)
+        gate_dict, record = None, None
+        if no_gate:
+            console.print("[bold red]--no-gate: NO correctness gate runs; this benchmark is UNVERIFIED and "
+                          "must not be used as evidence of a win[/]", markup=True)
             with progress_bar(console) as bar:
-                record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=gate_dict)
+                record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=None)
+        elif bench_gpu is not None:
+            result, record = _verify_side_by_side(target, c, k_expr, gate_options, bench_options, cfg, console,
+                                                  workers, gate_gpus, bench_gpu)
+            gate_dict = result.to_dict()
         else:
-            record["gate"], record["unverified"] = gate_dict, False
-            record_mod.write_record(Path(record["path"]).parent, record)
-    profile_doc = None
-    if call.profile and bench_exit(record) == 0:
-        from flaloop import profiling
+            with progress_bar(console) as bar:
+                result = run_gate_with_progress(target, c, k_expr, None, console, bar, workers, gate_gpus,
+                                                regate=gate_options.regate)
+            gate_dict = result.to_dict()
+        if gate_dict is not None:
+            print_gate(result, console)
+            if not result.green:
+                if as_json:
+                    emit_json({"ok": True, "gate": gate_dict, "bench": None})
+                console.print("[red]gate is red: no benchmark result is shown on a red gate[/]", markup=True)
+                raise typer.Exit(1)
+            if record is None:
+                with progress_bar(console) as bar:
+                    record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=gate_dict)
+            else:
+                record["gate"], record["unverified"] = gate_dict, False
+                record_mod.write_record(Path(record["path"]).parent, record)
+        profile_doc = None
+        if call.profile and bench_exit(record) == 0:
+            from flaloop import profiling
 
-        profile_doc = profiling.profile(target, c, mode=cfg.modes[0], command=" ".join(["flaloop", *sys.argv[1:]]))
-    if as_json:
-        emit_json({"ok": True, "gate": gate_dict, "bench": record, "profile": profile_doc})
-    else:
-        print_bench(record, out)
-        if profile_doc:
-            out.print(f"profile: {profile_doc.get('path') or ''}")
-    raise typer.Exit(bench_exit(record))
+            profile_doc = profiling.profile(target, c, mode=cfg.modes[0], command=" ".join(["flaloop", *sys.argv[1:]]))
+        if as_json:
+            emit_json({"ok": True, "gate": gate_dict, "bench": record, "profile": profile_doc})
+        else:
+            print_bench(record, out)
+            if profile_doc:
+                out.print(f"profile: {profile_doc.get('path') or ''}")
+        raise typer.Exit(bench_exit(record))

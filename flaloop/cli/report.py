@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from flaloop import contract as contract_mod
+from flaloop import fsutil
 from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, emit_json, human, out
 from flaloop.target import Target
 
@@ -110,9 +111,9 @@ def report_cmd(
 
         plots = write_plots(doc, dest)
     md = render(doc, plots)
-    (dest / "REPORT.md").write_text(md)
+    fsutil.atomic_write_text(dest / "REPORT.md", md)
     doc["files"] = {"markdown": str(dest / "REPORT.md"), "json": str(dest / "report.json"), "plots": plots}
-    (dest / "report.json").write_text(json.dumps(doc, indent=1, default=str))
+    fsutil.atomic_write_json(dest / "report.json", doc)
     console = human(as_json)
     if as_json:
         emit_json({**doc, "exit_code": 0 if doc["claim_ok"] else 1})

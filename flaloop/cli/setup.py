@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flaloop import contract as contract_mod
-from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, out
+from flaloop.cli.app import JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, human, out, with_options
 from flaloop.target import Target
 
 
@@ -38,6 +38,7 @@ def list_cmd(repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = Fals
 
 @app.command("init")
 @command
+@with_options(LockOptions)
 def init_cmd(
     op: str,
     target_speedup: Annotated[str, typer.Option("--target", help="Speedup goal, e.g. 1.2x.")] = "1.0x",
@@ -49,6 +50,7 @@ def init_cmd(
     varlen: Annotated[bool, typer.Option("--varlen", help="Bench a packed cu_seqlens variant of each shape too.")] = False,
     max_iters: Annotated[int, typer.Option("--max-iters", help="Iteration cap of the loop.")] = 20,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing contract.")] = False,
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Write the task contract: docs/draft.md and contract.json under profile/<op>-opt/."""
@@ -61,7 +63,8 @@ def init_cmd(
         shapes=shape_list or None, langs=[x for x in langs.split(",") if x],
         modes=[x for x in modes.split(",") if x], overrides=contract_mod.parse_overrides(inputs or []),
         varlen=varlen, max_iters=max_iters)
-    cpath, dpath = contract_mod.write(target, c, force)
+    with lock_options.hold(target, op, human(as_json), "init"):
+        cpath, dpath = contract_mod.write(target, c, force)
     if as_json:
         print(json.dumps({"ok": True, "contract": str(cpath), "draft": str(dpath), **c.to_dict()}))
         return

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from flaloop import fsutil, locks
 from flaloop.errors import UsageError
 
 SCHEMA = 1
@@ -36,17 +37,7 @@ def now_iso() -> str:
 
 def atomic_write(path: Path, text: str) -> Path:
     """Write `text` to `path` through a temp file in the same directory and os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return fsutil.atomic_write_text(path, text)
 
 
 def _from_dict(cls, data: dict):
@@ -216,17 +207,8 @@ class Workspace:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """One loop command per op at a time (two `iter`s would race for the number and the commit)."""
-        import fcntl
-
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".loop.lock", "w") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise UsageError(f"another flaloop command is working on {self.path.name}",
-                                 "wait for it to finish, then rerun") from None
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        """One flaloop command per op at a time (two `iter`s would race for the number and the commit,
+        an `iter` and a `bench` for the workspace): the workspace lock of every command
+        (flaloop/locks.py), not waiting (Busy, exit 2, names the holder)."""
+        with locks.lock_dir(self.path, wait=False, command="loop", busy_hint="wait for it to finish, then rerun"):
+            yield

@@ -1,7 +1,9 @@
 """pytest plugin loaded into the gate's pytest (`-p flaloop_gate_plugin`); never imports flaloop.
 
-It only observes: the selected test ids, each outcome (for progress), where the target package
-was imported from, and whether a weakening variable got set inside the test process.
+It arms flaloop's lifeline (flaloop_lifeline.py, beside this file) in pytest and in every
+xdist worker, so none of them outlives flaloop. Otherwise it only observes: the selected test
+ids, each outcome (for progress), where the target package was imported from, and whether a
+weakening variable got set inside the test process.
 Events go as JSON lines to the file named by FLALOOP_GATE_EVENTS.
 """
 
@@ -11,6 +13,7 @@ import json
 import os
 import sys
 
+import flaloop_lifeline  # beside this plugin, on the gate's PYTHONPATH
 import pytest
 
 
@@ -64,7 +67,9 @@ def _marker_skips(items) -> list[str] | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    """Under xdist, pin each worker to one GPU of FLALOOP_GATE_GPUS before anything imports CUDA."""
+    """Arm the lifeline before the conftests import anything slow. Under xdist, pin each worker to
+    one GPU of FLALOOP_GATE_GPUS before anything imports CUDA."""
+    flaloop_lifeline.arm()
     gpus = [g for g in os.environ.get("FLALOOP_GATE_GPUS", "").split(",") if g]
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if gpus and worker.startswith("gw") and worker[2:].isdigit():

@@ -127,6 +127,18 @@ def cmd_op(args) -> dict:
     }
 
 
+def _where(exc: BaseException, tree: str) -> str:
+    """' (at path:line)' of the innermost frame inside the tree, so the message names the culprit."""
+    root = os.path.realpath(tree) + os.sep
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return ""  # its message names file and line already
+    spots = [f for f in traceback.extract_tb(exc.__traceback__)
+             if os.path.realpath(f.filename).startswith(root)]
+    if not spots:
+        return ""
+    return f" (at {os.path.relpath(os.path.realpath(spots[-1].filename), root)}:{spots[-1].lineno})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=["registry", "op"])
@@ -141,7 +153,8 @@ def main() -> int:
     try:
         result = {"ok": True, **(cmd_registry(args) if args.what == "registry" else cmd_op(args))}
     except BaseException as exc:  # noqa: BLE001 - the orchestrator shows it
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}{_where(exc, args.tree)}",
+                  "traceback": traceback.format_exc()}
     with open(args.out, "w") as fh:
         json.dump(result, fh, default=repr)
     return 0

@@ -21,6 +21,19 @@ def _load_package():
     return importlib.import_module(f'{PACKAGE}.server')
 
 
+def _arm_lifeline() -> None:
+    """Exit when flaloop is gone, from the first instant (importing torch takes seconds): see
+    flaloop/probes/flaloop_lifeline.py. Forked workers are watched by server.main instead; the
+    fork server dies by its parent-death signal and when its socket closes."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
+                        'probes', 'flaloop_lifeline.py')
+    spec = importlib.util.spec_from_file_location('_flaloop_lifeline', path)
+    if spec is not None and spec.loader is not None and os.path.exists(path):
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.arm()
+
+
 def _forkserver(argv) -> int:
     # __main__.py --forkserver FD [--preload FILE (one module name a line)]: see forkserver.py
     fd = int(argv[1])
@@ -34,8 +47,9 @@ def _forkserver(argv) -> int:
 
 
 if __name__ == '__main__':
-    if sys.argv[1:2] == ['--forkserver']:
+    if sys.argv[1:2] == ['--forkserver']:  # no thread here: the server refuses to fork with one
         sys.exit(_forkserver(sys.argv[1:]))
+    _arm_lifeline()
     try:
         sys.stdout.flush()
     except Exception:

@@ -1,0 +1,50 @@
+"""`flaloop clean`: prune old run records and gate logs of an op's workspace."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flaloop import workspace
+from flaloop.cli.app import JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, emit_json, human, with_options
+from flaloop.target import Target
+
+
+def _mb(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+@app.command("clean")
+@command
+@with_options(LockOptions)
+def clean_cmd(
+    op: str,
+    keep: Annotated[int, typer.Option("--keep", help="Keep the newest N run records and gate logs.")] = 10,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be removed.")] = False,
+    lock_options: LockOptions = None,  # type: ignore[assignment]
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Remove old run records and gate logs; keep the newest N and every one an iteration or report cites."""
+    target = Target.discover(repo, python)
+    console = human(as_json)
+    if not target.workspace(op).is_dir():  # before the lock, which would create the workspace
+        workspace.plan_clean(target, op, keep)
+    with lock_options.hold(target, op, console, "clean"):
+        before = workspace.usage(target, op)
+        plan = workspace.clean(target, op, keep, dry_run)
+        after = workspace.usage(target, op)
+    if as_json:
+        emit_json({"ok": True, "op": op, "dry_run": dry_run, **plan.to_dict(), "usage_before": before,
+                   "usage": after})
+        return
+    verb = "would remove" if dry_run else "removed"
+    console.print(f"{verb} {len(plan.removed)} run record(s) and gate log(s) ({_mb(plan.freed_bytes)}); "
+                  f"kept {len(plan.kept)}, {len(plan.cited)} of them cited by an iteration or the report")
+    for rel in plan.removed if dry_run else []:
+        console.print(f"  {rel}")
+    console.print("workspace: " + ", ".join(f"{area} {_mb(after[area])}" for area in (*workspace.AREAS, "other"))
+                  + f"; total {_mb(after['total'])}")
