@@ -419,11 +419,14 @@ def _replace_once(src: str, old: str, new: str) -> str:
 
 
 def _spin_plant(src: str) -> str:
-    """Make recompute_w_u_fwd_kernel (forward and backward) loop forever: its counter never goes negative."""
+    """Make recompute_w_u_fwd_kernel (forward and backward) loop forever. The loop must have a side
+    effect (a volatile load): LLVM may delete a side-effect-free infinite loop, and did so on the
+    H200 on 2026-11-30, when the planted kernel simply ran."""
     marker = "    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)\n"
     if marker not in src:
         raise RuntimeError("spin: kernel prologue not found")
-    spin = (marker + "    _n = i_t * 0\n    while _n >= 0:\n        _n = (_n + 1) % 7\n")
+    spin = (marker + "    _spin = tl.load(beta, volatile=True)\n    while _spin == _spin:\n"
+            "        _spin = tl.load(beta, volatile=True)\n")
     return src.replace(marker, spin, 1)
 
 

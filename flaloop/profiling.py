@@ -207,6 +207,9 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
                 doc["ncu"] = {"available": False, "reason": why}
             else:
                 say("ncu")
+                # the torch.profiler reading is kept even if Nsight Compute (minutes) is cut short
+                fsutil.atomic_write_json(out / "profile.json", {**doc, "ncu": {"available": True, "reason": "running"},
+                                                                  "path": str(out / "profile.json")})
                 doc["ncu"] = run_ncu(path, target.python, trees, registry, contract.op, wire, out, env, device)
         else:
             doc["ncu"] = {"available": False, "reason": "not requested (--ncu)"}

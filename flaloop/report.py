@@ -194,7 +194,7 @@ def gate_evidence(record: dict, claim: Claim, last_gate: dict | None) -> tuple[d
     if last_gate and same_state(last_gate.get("tree"), state):
         found.append(("gate/last.json", last_gate))
     if record.get("gate"):
-        found.append(("bench record (flaloop verify)", record["gate"]))
+        found.append(("the gate run with this bench (verify, baseline or iter)", record["gate"]))
     if record.get("last_gate"):  # the gate of this exact tree state that `flaloop bench` found
         found.append(("bench record (last gate of this tree state)", record["last_gate"]))
     it = claim.iteration

@@ -147,7 +147,8 @@ def _benchmark(doc: dict) -> list[str]:
 def _reproduce(doc: dict) -> list[str]:
     c, m = doc["commands"], doc["commits"]
     cand = m["candidate"]
-    out = ["```sh", c["gate"], c["bench"] or "(bench command not recorded)", c["aa"], c["profile"], c["report"], "```", ""]
+    cmds = [c["gate"], c["bench"] or "(bench command not recorded)", c["aa"], c["profile"], c["report"]]
+    out = ["```sh", *dict.fromkeys(x for x in cmds if x), "```", ""]  # each once, in order
     out.append(f"- Base: `{m['base_ref']}` = `{m['base_commit']}`")
     dirty = f" + uncommitted diff `{cand['diff_hash']}`" if cand.get("dirty") else ""
     out.append(f"- Candidate: `{cand.get('head')}`{dirty}; claim commit `{m['claim_commit']}`")

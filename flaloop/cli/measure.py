@@ -227,10 +227,12 @@ def run_bench_with_progress(target: Target, c, opts: BenchOptions, cfg: BenchCon
 
 
 def bench_exit(record: dict) -> int:
+    """1 when the guard or the differential check blocks, 3 when a cell or a worker failed (a crash,
+    a hang, an OOM: the other cells keep their results), else 0."""
     s = record.get("summary") or {}
     if s.get("n_blocked") or (record.get("guard") or {}).get("blocked"):
         return 1
-    if record.get("errors") or not s.get("n_measured"):
+    if record.get("errors") or s.get("n_failed") or not s.get("n_measured"):
         return 3
     return 0
 
