@@ -20,6 +20,7 @@ from rich.markup import escape
 from flaloop import git, workspace
 from flaloop.cli.app import (
     JsonOpt,
+    LockOptions,
     PyOpt,
     RepoOpt,
     app,
@@ -96,12 +97,13 @@ def _hooks(target: Target, c: Contract, bench_opts: BenchOptions, gate_opts: Gat
 
 @app.command("baseline")
 @command
-@with_options(GateOptions, BenchOptions)
+@with_options(GateOptions, BenchOptions, LockOptions)
 def baseline_cmd(
     op: str,
     force: Annotated[bool, typer.Option("--force", help="Measure the baseline again.")] = False,
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Phase 1: the full gate on the base, one timed run of the base; OPT_LOG.md with row 0."""
@@ -111,7 +113,7 @@ def baseline_cmd(
         raise UsageError("the baseline times the contract's shapes and modes",
                          f"change them with `flaloop init {op} --force --shapes ... --modes ...`")
     console = human(as_json)
-    with ws.lock():
+    with lock_options.hold(target, op, human(as_json), "baseline"):
         it = iteration.run_baseline(target, c, ws, _hooks(target, c, bench_options, gate_options, console),
                                     force=force, command=_command_line())
     if as_json:
@@ -138,7 +140,7 @@ def _subset(opts: BenchOptions, c: Contract) -> str | None:
 
 @app.command("iter")
 @command
-@with_options(GateOptions, BenchOptions)
+@with_options(GateOptions, BenchOptions, LockOptions)
 def iter_cmd(
     op: str,
     direction: Annotated[str, typer.Argument(help="One line: what this change tries.")],
@@ -147,13 +149,14 @@ def iter_cmd(
     note: Annotated[str, typer.Option("--note", help="A remark for the row.")] = "",
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """One iteration: gate, guard, bench vs the best and the base, one OPT_LOG row, one commit."""
     target, c, ws = _setup(op, repo, python)
     _no_base(bench_options, "iter")
     console = human(as_json)
-    with ws.lock():
+    with lock_options.hold(target, op, human(as_json), "iter"):
         it = iteration.run_iteration(target, c, ws, _hooks(target, c, bench_options, gate_options, console),
                                      direction=direction, k_expr=gate_k, subset=_subset(bench_options, c),
                                      note=note, command=_command_line())
@@ -187,18 +190,20 @@ def _checked_log(ws: Workspace, c: Contract):
 
 @app.command("reassess")
 @command
+@with_options(LockOptions)
 def reassess_cmd(
     op: str,
     profiled: Annotated[str, typer.Option("--profiled", help="What was re-profiled, and what it showed.")] = "",
     tried: Annotated[str, typer.Option("--tried", help="Which axes the log shows as tried.")] = "",
     next_: Annotated[str, typer.Option("--next", help="The next direction.")] = "",
     why: Annotated[str, typer.Option("--why", help="Why that direction, given the profile.")] = "",
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Record a re-assessment in OPT_LOG.md; it releases a stalled loop."""
     _require(profiled=profiled, tried=tried, next=next_, why=why)
     target, c, ws = _setup(op, repo, python)
-    with ws.lock():
+    with lock_options.hold(target, op, human(as_json), "reassess"):
         iters = _checked_log(ws, c)
         decisions = ws.decisions()
         stall = rules.stall_count(iters, decisions)
@@ -220,19 +225,21 @@ def reassess_cmd(
 
 @app.command("stop")
 @command
+@with_options(LockOptions)
 def stop_cmd(
     op: str,
     go: Annotated[bool, typer.Option("--go", help="The target is met: stop with a go.")] = False,
     no_go: Annotated[bool, typer.Option("--no-go", help="Stop without reaching the target.")] = False,
     bound: Annotated[str | None, typer.Option(
         "--bound", help='With --no-go: the limit and its number, "HBM bandwidth: 3.9 of 4.3 TB/s on B8_T2048".')] = None,
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Stop the loop: --go needs a kept iteration that meets the target; --no-go the five-item bar."""
     if go == no_go:
         raise UsageError("say --go or --no-go", "--go when a kept iteration meets the target, --no-go otherwise")
     target, c, ws = _setup(op, repo, python)
-    with ws.lock():
+    with lock_options.hold(target, op, human(as_json), "stop"):
         iters = ws.iterations()
         if rules.baseline_of(iters) is not None and (edits := records.check_doc(ws, ws.opt_log)):
             raise records.HandEdited(ws.opt_log, c.op, edits)
@@ -285,7 +292,7 @@ def _entry_defined(target: Target, c: Contract, name: str) -> bool:
 
 @app.command("dispatch")
 @command
-@with_options(BenchOptions)
+@with_options(BenchOptions, LockOptions)
 def dispatch_cmd(
     op: str,
     action: Annotated[str, typer.Argument(help="add (bench the bucket, write the row) or list.")],
@@ -293,6 +300,7 @@ def dispatch_cmd(
     entry: Annotated[str | None, typer.Option("--entry", help="The specialized entry point's name.")] = None,
     why: Annotated[str | None, typer.Option("--why", help="Why this bucket gets its own path.")] = None,
     bench_options: BenchOptions = None,  # type: ignore[assignment]
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Phase 3: a shape bucket routed to a specialized entry point, with its measured row in dispatch.md."""
@@ -324,7 +332,7 @@ def dispatch_cmd(
         raise UsageError(f"{entry} is not defined under {(target.root / c.entry_file).parent.relative_to(target.root)}",
                          "write the specialized entry point first; the row records what was measured")
     console = human(as_json)
-    with ws.lock():
+    with lock_options.hold(target, op, human(as_json), "dispatch"):
         iters = _checked_log(ws, c)
         if edits := records.check_doc(ws, ws.dispatch_md):
             raise records.HandEdited(ws.dispatch_md, c.op, edits)
@@ -372,6 +380,7 @@ def dispatch_cmd(
 
 @app.command("trap")
 @command
+@with_options(LockOptions)
 def trap_cmd(
     action: Annotated[str, typer.Argument(help="add")],
     op: str,
@@ -379,6 +388,7 @@ def trap_cmd(
     why: Annotated[str, typer.Option("--why", help="Why it bites.")] = "",
     how: Annotated[str, typer.Option("--how", help="How to apply it.")] = "",
     title: Annotated[str | None, typer.Option("--title", help="A short name (default: the fact's start).")] = None,
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Append a trap (Fact / Why / How to apply) to profile/<op>-opt/TRAPS.md."""
@@ -389,7 +399,7 @@ def trap_cmd(
     last = max((i.iter for i in ws.iterations()), default=None)
     source = f"added on {now_iso()[:10]}" + (f" after iteration {last}" if last is not None else "")
     name = (title or "").strip() or _short_title(fact)
-    with ws.lock():
+    with lock_options.hold(target, op, human(as_json), "trap"):
         n = traps_mod.add(ws, op, traps_mod.Trap(name, fact.strip(), why.strip(), how.strip(), source))
     if as_json:
         emit_json({"ok": True, "trap": n, "title": name, "traps": str(ws.traps_md)})
@@ -437,15 +447,17 @@ def status_cmd(op: str, repo: RepoOpt = None, python: PyOpt = None, as_json: Jso
 
 @app.command("log")
 @command
+@with_options(LockOptions)
 def log_cmd(
     op: str,
     restore: Annotated[bool, typer.Option(
         "--restore", help="Render over hand-edited rows (the edited file is saved beside it).")] = False,
+    lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Render OPT_LOG.md (and dispatch.md) from the records; a hand-edited row is reported (exit 1)."""
     target, c, ws = _setup(op, repo, python)
-    with ws.lock():
+    with lock_options.hold(target, op, human(as_json), "log"):
         saved = iteration.render(ws, c, restore=restore)
     if as_json:
         emit_json({"ok": True, "opt_log": str(ws.opt_log), "saved": [str(p) for p in saved]})
