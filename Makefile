@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 test: setup
-	TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 tests
+	TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 --dist loadscope tests
 
 demo: setup
 	TRITON_INTERPRET=1 $(VPY) -m flaloop demo

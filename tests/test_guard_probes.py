@@ -6,6 +6,7 @@ probe) and `flaloop.guard.probes` judges the two reports, as the session does.""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from test_worker import REGISTRY, Worker, cell
@@ -246,16 +247,20 @@ def judged(tmp_path_factory):
         base_hello = workers["base"].ok("hello")
         base, _ = report(workers["base"], tmp, "base")
         ref = str(tmp / "base-mutated.pt")
-        out = {}
-        for name, w in workers.items():
-            if name == "base":
-                continue
+
+        def judge_one(name: str) -> list:
+            w = workers[name]
             hello = w.ok("hello")
             found = judge.integrity(base_hello.get("integrity") or [], hello.get("integrity") or [])
             if name not in TIMER_CHEATS:
                 cand, mutated = report(w, tmp, name, ref)
                 found += judge.cell_findings("c", base, cand, mutated, diff_tol=0.005)
-            out[name] = found
+            return found
+
+        # one thread per worker process: their setups and probes overlap
+        names = [n for n in workers if n != "base"]
+        with ThreadPoolExecutor(4) as pool:
+            out = dict(zip(names, pool.map(judge_one, names), strict=True))
         yield out
     finally:
         for w in workers.values():
