@@ -15,7 +15,8 @@ import pytest
 from conftest import OP, edit, flaloop, worktrees
 
 FAST = Path("toyop/ops/toy/fast.py")
-QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30"]
+# One round: these tests are about what a bench does with a cell, not about rounds (test_tuning_rounds).
+QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30", "--rounds", "1"]
 
 
 def bench(repo: Path, *args: str, op: str = "toy_attn", env: dict | None = None):

@@ -109,7 +109,7 @@ def toy_op(q, k, v, scale=None, cu_seqlens=None):
 def toy_op(q, k, v, scale=None, cu_seqlens=None):
     full = _triton(q, k, v, 1.0 if scale is None else scale)
     o = torch.zeros_like(v)
-    threading.Thread(target=lambda: (time.sleep(0.01), o.copy_(full))).start()
+    threading.Thread(target=lambda: (time.sleep(0.05), o.copy_(full))).start()
     return o, None
 ''', "", "deferred-work"),
     "lazy-subclass": ('''
@@ -263,6 +263,9 @@ def judged(tmp_path_factory):
             out = dict(zip(names, pool.map(judge_one, names), strict=True))
         yield out
     finally:
+        for w in workers.values():  # EOF to all first: they exit in parallel
+            if not w.p.stdin.closed:
+                w.p.stdin.close()
         for w in workers.values():
             w.close()
 

@@ -1,0 +1,73 @@
+"""Cycle time without losing trust: a gate of an unchanged tree state is reused (and only then), a
+quick bench is labelled a signal, and with several GPUs verify runs the gate beside the bench and
+withdraws the bench when the gate goes red."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import edit, flaloop
+
+from flaloop.cli.measure import GateOptions, gate_plan
+
+FAST = "toyop/ops/toy/fast.py"
+QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20", "--rounds", "1"]
+
+
+def test_a_green_gate_of_the_same_tree_state_is_reused_and_only_then(toy):
+    first = flaloop(toy, "gate", "toy_attn", "--json")
+    assert first.code == 0, first.stderr
+    assert first.json["reused_from"] is None
+    again = flaloop(toy, "gate", "toy_attn", "--json")
+    assert again.code == 0 and again.json["reused_from"] == first.json["started"]
+    assert "reused" in flaloop(toy, "gate", "toy_attn").stdout
+    forced = flaloop(toy, "gate", "toy_attn", "--json", "--regate")
+    assert forced.code == 0 and forced.json["reused_from"] is None
+    # anything the gate depends on changes: it runs again
+    assert flaloop(toy, "gate", "toy_attn", "--json", env={"TOY_SETTING": "1"}).json["reused_from"] is None
+    edit(toy / FAST, "def toy_log(q):", "# a comment is a change too\ndef toy_log(q):")
+    assert flaloop(toy, "gate", "toy_attn", "--json").json["reused_from"] is None
+    # a red gate is never reused
+    edit(toy / FAST, "return o.to(q.dtype), None", "return (o * 2).to(q.dtype), None")
+    assert flaloop(toy, "gate", "toy_attn", "--json").code == 1
+    red_again = flaloop(toy, "gate", "toy_attn", "--json")
+    assert red_again.code == 1 and red_again.json["reused_from"] is None
+
+
+def test_a_quick_bench_is_one_round_and_labelled_a_signal(toy):
+    r = flaloop(toy, "bench", "toy_attn", "--quick", "--device", "cpu", "--modes", "fwd", "--json")
+    assert r.code == 0, r.stderr
+    rec = r.json
+    assert rec["signal"] is True and rec["config"]["rounds"] == 1 and rec["config"]["half_width"] == 0.01
+    assert len(rec["rounds"]) == 1
+    human = flaloop(toy, "bench", "toy_attn", "--quick", "--device", "cpu", "--modes", "fwd")
+    assert "SIGNAL ONLY (--quick)" in human.stdout
+
+
+def test_gate_plan_spreads_the_gate_over_the_gpus_and_keeps_one_for_the_bench(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5")
+    assert gate_plan(GateOptions()) == (12, ["2", "3", "5"], None)
+    assert gate_plan(GateOptions(), for_verify=True) == (8, ["2", "3"], "5")
+    assert gate_plan(GateOptions(workers=3, gpus="0,1"), for_verify=True) == (3, ["0"], "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert gate_plan(GateOptions(), for_verify=True) == (0, None, None)  # one GPU: today's order
+
+
+def test_verify_with_two_gpus_runs_the_gate_beside_the_bench(toy):
+    r = flaloop(toy, "verify", "toy_attn", "--gpus", "0,1", "--workers", "2", "--modes", "fwd", "--json", *QUICK)
+    assert r.code == 0, r.stderr[-3000:]
+    doc = r.json
+    assert "verify on 2 GPUs: the gate on 0 (2 xdist workers), the bench on 1 at the same time" in r.stderr
+    assert doc["gate"]["green"] and set(doc["gate"]["run"]["workers"].values()) == {"0"}
+    assert doc["bench"]["gpu"] == "1" and doc["bench"]["unverified"] is False
+    assert doc["bench"]["gate"]["green"] is True  # the record names the gate that ran beside it
+    saved = json.loads(open(doc["bench"]["path"]).read())
+    assert saved["gate"]["green"] is True
+
+
+def test_a_red_gate_withdraws_the_bench_running_beside_it(toy):
+    edit(toy / FAST, "return o.to(q.dtype), None", "return (o * 2).to(q.dtype), None")
+    r = flaloop(toy, "verify", "toy_attn", "--gpus", "0,1", "--workers", "2", "--modes", "fwd", "--json", *QUICK)
+    assert r.code == 1, r.stderr[-3000:]
+    assert r.json["bench"] is None and r.json["gate"]["green"] is False
+    assert "no benchmark result is shown on a red gate" in r.stderr

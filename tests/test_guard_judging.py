@@ -1,0 +1,112 @@
+"""How the session judges what the workers report, for the probes a CPU cannot exercise (CUDA-graph
+timers, streams, persisting L2, the roofline): pure functions over synthetic reports, each rule
+firing on the candidate's behaviour and never on behaviour the base shares."""
+
+from __future__ import annotations
+
+import math
+
+from flaloop.bench.analysis import analyse
+from flaloop.bench.model import Cell, CellResult, Pair
+from flaloop.guard import probes as judge
+
+
+def pairs(base_ms: float, cand_ms: float, base_gap: float, cand_gap: float, n: int = 12) -> list[Pair]:
+    """n pairs whose wall time exceeds the device time by a gap per call on each side (tiny jitter)."""
+    out = []
+    for i in range(n):
+        j = 1 + 0.001 * ((i % 3) - 1)
+        out.append(Pair("AB" if i % 2 == 0 else "BA", base_ms * j, cand_ms * j, None, None,
+                        base_wall_ms=base_ms * j + base_gap, cand_wall_ms=cand_ms * j + cand_gap))
+    return out
+
+
+def test_a_timer_that_under_reports_leaves_a_wall_gap_on_its_side_only():
+    # 0.1 ms per call, k = 100 calls per sample; the replay costs ~10 us per sample on each side
+    honest = pairs(0.100, 0.080, base_gap=0.0001, cand_gap=0.0001)  # a real 1.25x: both gaps alike
+    assert judge.timer_wall_gap("c", honest, k=100, timer="cuda_graph") is None
+    lying = pairs(0.100, 0.080, base_gap=0.0001, cand_gap=0.0201)  # the events say 0.08, 0.1 elapsed
+    f = judge.timer_wall_gap("c", lying, k=100, timer="cuda_graph")
+    assert f is not None and f.rule == "timer-wall-gap" and f.blocking
+    # a 1% lie is past the tolerance; the eager timer (host-bound walls) is never judged this way
+    assert judge.timer_wall_gap("c", pairs(0.1, 0.099, 0.0001, 0.0011), k=100, timer="cuda_graph")
+    assert judge.timer_wall_gap("c", lying, k=100, timer="cuda_eager") is None
+
+
+def test_a_device_win_the_eager_wall_time_does_not_show_is_flagged_unless_launch_bound():
+    eager = {"base": {"median": 1.00}, "cand": {"median": 0.99}}
+    host = {"base": {"median": 0.10}, "cand": {"median": 0.10}}
+    f = judge.eager_disagrees("c", 1.25, eager, host)
+    assert f is not None and f.rule == "eager-disagrees"
+    assert judge.eager_disagrees("c", 1.25, {"base": {"median": 1.0}, "cand": {"median": 0.8}}, host) is None
+    launch_bound = {"base": {"median": 0.9}, "cand": {"median": 0.9}}
+    assert judge.eager_disagrees("c", 1.25, eager, launch_bound) is None
+    assert judge.eager_disagrees("c", 1.02, eager, host) is None  # too small to judge on 6 eager samples
+
+
+def _report(**over) -> dict:
+    rep = {"outputs": {"subclass": [], "aliases_input": [], "changed_after_sync": []},
+           "determinism": {"bitwise": True, "max_rel_diff": 0.0}, "poison": {"nonfinite": {"out0": 0}},
+           "census": {"triton_launches": {"k": 3}, "library_ops": {}, "library_kernels": {}, "own_gpu_kernels": 3,
+                      "n_streams": 1},
+           "l2": {"checked": True, "persisting_limit_bytes": 11796480, "window_bytes": 0},
+           "numeric": {"flags": {"cuda.matmul.allow_tf32": "False"}, "triton": {}, "env": {}}}
+    for key, value in over.items():
+        rep[key] = {**rep[key], **value}
+    return rep
+
+
+def rules(base: dict, cand: dict, aa: bool = False) -> set[str]:
+    return {f.rule for f in judge.cell_findings("c", base, cand, None, 0.005, aa=aa) if f.blocking}
+
+
+def test_l2_side_streams_library_kernels_and_settings_fire_on_the_candidate_only():
+    base = _report()
+    assert rules(base, _report()) == set()
+    assert rules(base, _report(l2={"window_bytes": 1 << 26})) == {"l2-persisting"}
+    assert rules(base, _report(l2={"persisting_limit_bytes": 1 << 30})) == {"l2-persisting"}
+    assert rules(base, _report(census={"n_streams": 2})) == {"side-stream"}
+    assert rules(base, _report(census={"library_kernels": {"sm90_xmma_gemm_bf16": 2}})) == {"library-compute"}
+    assert rules(base, _report(census={"triton_launches": {}, "own_gpu_kernels": 0})) == {"no-own-kernel"}
+    tf32 = _report(numeric={"flags": {"cuda.matmul.allow_tf32": "True"}})
+    assert rules(base, tf32) == {"numeric-settings"}
+    # what the base does too is not held against the candidate
+    two_streams = _report(census={"n_streams": 2})
+    assert rules(two_streams, two_streams) == set()
+    assert rules(tf32, tf32) == set()
+    # an A/A never judges the candidate (it runs the base's code)
+    assert rules(base, tf32, aa=True) == set()
+
+
+def test_integrity_violations_the_base_shares_are_the_libraries_not_a_cheat():
+    shared = "torch.manual_seed was replaced (now defined in .../torch/_compile.py)"  # seen on the H200
+    assert judge.integrity([shared], [shared]) == []
+    (f,) = judge.integrity([shared], [shared, "torch.cuda.streams.Event.elapsed_time was replaced"])
+    assert f.rule == "timer-patched" and f.blocking
+    assert judge.integrity([], ["x was replaced"], aa=True) == []
+
+
+def test_a_cell_faster_than_its_roofline_floor_is_implausible():
+    f = judge.implausible("c", cand_ms=0.004, floor_ms=0.008)
+    assert f is not None and f.rule == "implausible-speedup" and f.blocking
+    assert judge.implausible("c", cand_ms=0.0079, floor_ms=0.008) is None  # within the 5% slack
+    assert judge.implausible("c", cand_ms=0.09, floor_ms=0.008) is None
+
+
+def test_one_near_zero_cell_cannot_hide_in_the_geomean():
+    """A geomean leaning on one cell says so (without_best_cell), and a blocking finding on a cell
+    turns its verdict into BLOCKED whatever it measured."""
+    results = []
+    for i, ratio in enumerate((1.0, 1.0, 1.0, 0.01)):  # the last cell: 100x 'faster'
+        r = CellResult(Cell(f"S{i}", {"B": 1}, "fwd"))
+        r.status = "ok"
+        r.pairs = [Pair("AB" if j % 2 == 0 else "BA", 1.0, ratio * (1 + 0.001 * (j % 3)), None, None)
+                   for j in range(12)]
+        results.append(r)
+    results[3].findings = [judge.implausible("S3/fwd", 0.01, 0.5).to_dict()]
+    summary = analyse(results, margin=0.005)
+    geo = summary["geomean"]
+    assert geo["speedup"] > 3 and math.isclose(geo["without_best_cell"], 1.0, rel_tol=0.01)
+    assert geo["best_cell_id"] == "S3/fwd"
+    assert results[3].verdict == "BLOCKED" and summary["n_blocked"] == 1
+    assert "implausible-speedup" in results[3].reason
