@@ -73,12 +73,11 @@ def split_direction(rounds: list[dict], verdict: stats.Verdict, margin: float) -
     return not all(math.log(r["speedup"]) < -m for r in rounds)
 
 
-def settled(r: np.ndarray, margin: float, band: float, seed: int = 0) -> str | None:
-    """'beyond' when the CI of these log ratios lies beyond the margin by more than `band`,
-    'inside' when it lies inside the margin shrunk by `band`, else None."""
-    if len(r) < 6:
+def settled(est: stats.SpeedupEstimate | None, margin: float, band: float) -> str | None:
+    """'beyond' when the CI lies beyond the margin by more than `band`, 'inside' when it lies inside
+    the margin shrunk by `band` (only possible with a band narrower than the margin), else None."""
+    if est is None or est.n_pairs < 6:
         return None
-    est = stats.estimate_speedup(r, seed=seed, n_boot=400)
     hi_edge, lo_edge = (1 + margin) * (1 + band), 1 / ((1 + margin) * (1 + band))
     if est.ci_low > hi_edge or est.ci_high < lo_edge:
         return "beyond"

@@ -113,7 +113,6 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
         run_blocked = [f for f in session.run_findings + ((static or {}).get("findings") or []) if f.get("blocking")]
         summary = analyse(session.results, cfg.margin, cfg.seed, aa=cfg.aa, run_blocked=run_blocked)
         guard = _guard_summary(session, static, allowed)
-        summary["n_blocked"] = sum(r.verdict == "BLOCKED" for r in session.results)
         record = {
             "kind": "bench", "schema": SCHEMA, "op": contract.op, "created": stamp, "command": command,
             "aa": cfg.aa, "signal": cfg.signal, "base": {"ref": base_ref or contract.base_ref, "commit": base_commit},

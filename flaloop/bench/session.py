@@ -455,12 +455,14 @@ class Session:
             mine.append(pair)
             r_kept = np.log(np.array([p.cand_ms / p.base_ms for p in mine if p.dropped is None]))
             self.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
-            state = (settled(r_kept, self.cfg.margin, self.cfg.settle_band, self.cfg.seed)
-                     if self.round == 0 and len(r_kept) >= min_r else None)
             # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
             # calibrated on the base) must still get enough pairs to be called SLOWER
             elapsed = time.monotonic() - t0 if len(r_kept) >= min(min_r, 6) else 0.0
-            if state or rule.enough(r_kept, elapsed) or len(mine) >= 3 * max_r:
+            done = rule.enough(r_kept, elapsed)
+            # settled: judged on the stopping rule's own latest CI (no second bootstrap per pair)
+            state = (settled(rule.last, self.cfg.margin, self.cfg.settle_band)
+                     if not done and self.round == 0 and len(r_kept) >= min_r else None)
+            if done or state or len(mine) >= 3 * max_r:
                 why = (f"settled: the CI lies {state} the margin" if state else
                        f"{len(r_kept)} pairs, as many as round 1" if self.round and first >= 2
                        and rule.reason.startswith("pair cap") else rule.reason)

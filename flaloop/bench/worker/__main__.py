@@ -23,8 +23,8 @@ def _load_package():
 
 def _arm_lifeline() -> None:
     """Exit when flaloop is gone, from the first instant (importing torch takes seconds): see
-    flaloop/probes/flaloop_lifeline.py. Forked workers are watched by server.main instead; the
-    fork server dies by its parent-death signal and when its socket closes."""
+    flaloop/probes/flaloop_lifeline.py. A forked worker arms it right after the fork (the fork
+    server itself runs no thread: it dies by its parent-death signal and when its socket closes)."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
                         'probes', 'flaloop_lifeline.py')
     spec = importlib.util.spec_from_file_location('_flaloop_lifeline', path)
@@ -43,7 +43,12 @@ def _forkserver(argv) -> int:
             names = [line.strip() for line in f if line.strip()]
     server = _load_package()
     forkserver = importlib.import_module(f'{PACKAGE}.forkserver')
-    return forkserver.serve(fd, names, server.main)
+
+    def entry(proto, args):
+        _arm_lifeline()  # in the forked child: its parent is the fork server
+        return server.main(proto, args)
+
+    return forkserver.serve(fd, names, entry)
 
 
 if __name__ == '__main__':

@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -86,7 +85,6 @@ def serve(sock_fd: int, names: list[str], entry) -> int:
     os.environ.setdefault('PYTORCH_NVML_BASED_CUDA_CHECK', '1')
     info = preload(names)
     exits: dict[int, int] = {}
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes nothing; reaping happens per request
     sock = socket.socket(fileno=sock_fd)
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     cuda = False

@@ -10,7 +10,6 @@ import gc
 import os
 import platform
 import sys
-import threading
 import time
 import traceback
 
@@ -257,22 +256,8 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def _watch_parent() -> None:
-    """Exit when the process that started us is gone (a killed orchestrator must not leave us running)."""
-    parent = os.getppid()
-
-    def run():
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    threading.Thread(target=run, name='flaloop-parent-watch', daemon=True).start()
-
-
 def main(proto, argv) -> int:
     args = parse_args(argv)
-    _watch_parent()
     worker = Worker(args)
     try:
         return serve(worker, sys.stdin, proto)
