@@ -63,6 +63,11 @@ def atomic_write_json(path: Path | str, obj, indent: int | None = 1) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")
 
 
+def user_cache_dir() -> Path:
+    """flaloop's cache outside any repo: `$XDG_CACHE_HOME/flaloop`, else `~/.cache/flaloop`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flaloop"
+
+
 def read_json_cache(path: Path):
     """A cache's JSON, or None when it is missing or damaged (a cache is recomputed, never trusted
     half-written: files from before atomic writes, or edited by hand)."""

@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -178,7 +179,8 @@ def _read_events(path: Path) -> list[dict]:
 def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, env: dict[str, str],
                package: str, watch: tuple[str, ...], log_path: Path,
                progress: Progress | None = None, timeout: float | None = None,
-               collect_only: bool = False, workers: int = 0, gpus: list[str] | None = None) -> PytestRun:
+               collect_only: bool = False, workers: int = 0, gpus: list[str] | None = None,
+               cancel: threading.Event | None = None) -> PytestRun:
     """Run the test file of `tree` via a neutral symlink; collect junit, events and the log."""
     tmp = git.neutral_tempdir("flaloop-gate-")
     try:
@@ -213,7 +215,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                                stdin=subprocess.DEVNULL)
             log.started()
             try:
-                _wait(proc, events, progress, timeout, t0)
+                _wait(proc, events, progress, timeout, t0, cancel)
             finally:
                 _kill(proc)  # xdist workers may linger after pytest itself exited
         finally:
@@ -247,7 +249,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
 
 
 def _wait(proc: subprocess.Popen, events: Path, progress: Progress | None, timeout: float | None,
-          t0: float) -> None:
+          t0: float, cancel: threading.Event | None = None) -> None:
     total, done, seen = 0, 0, 0
     while True:
         try:
@@ -267,7 +269,7 @@ def _wait(proc: subprocess.Popen, events: Path, progress: Progress | None, timeo
                 progress(done, total, results[-1]["id"] if results else "collecting")
         if finished:
             return
-        if timeout is not None and time.monotonic() - t0 > timeout:
+        if (timeout is not None and time.monotonic() - t0 > timeout) or (cancel is not None and cancel.is_set()):
             _kill(proc)
             return
 
@@ -300,9 +302,14 @@ def _baseline_key(contract: Contract, k_expr: str | None, python: str, kind: str
     return f"{contract.base_commit[:12]}-{kind}-{h.hexdigest()[:10]}"
 
 
+def _baseline_cache(target: Target, contract: Contract, k_expr: str | None, kind: str) -> Path:
+    key = _baseline_key(contract, k_expr, target.python, kind)
+    return target.workspace(contract.op) / "gate" / f"baseline-{key}.json"
+
+
 def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dict[str, str],
              watch: tuple[str, ...], progress: Progress | None = None,
-             timeout: float | None = None, kind: str = "collect") -> dict:
+             timeout: float | None = None, kind: str = "collect", cancel: threading.Event | None = None) -> dict:
     """Selected ids and skip count of the test file at the base commit (cached per base commit).
 
     kind "collect": a collect-only run; skips are those its skip/skipif markers declare. Seconds,
@@ -311,8 +318,7 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     fixture decides at run time. The gate asks for it only when the candidate skipped more than
     the markers explain.
     """
-    key = _baseline_key(contract, k_expr, target.python, kind)
-    cache = target.workspace(contract.op) / "gate" / f"baseline-{key}.json"
+    cache = _baseline_cache(target, contract, k_expr, kind)
     cached = fsutil.read_json_cache(cache)
     if isinstance(cached, dict) and isinstance(cached.get("selected"), list):
         return {**cached, "cached": True}
@@ -320,7 +326,7 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     with git.worktree(target.root, contract.base_commit, "base") as wt:
         run = run_pytest(target.python, wt, contract.test_file, k_expr=k_expr, env=env, package=package,
                          watch=watch, log_path=cache.with_suffix(".log"), progress=progress, timeout=timeout,
-                         collect_only=kind == "collect")
+                         collect_only=kind == "collect", cancel=cancel)
     ok_codes = (0,) if kind == "collect" else (0, 1)
     if run.exit_code not in ok_codes or not run.selected or (kind == "collect" and run.marker_skips is None):
         raise UsageError(
@@ -420,6 +426,49 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Fin
     return out
 
 
+def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, env: dict[str, str],
+                        watch: tuple[str, ...], log_path: Path, progress, baseline_progress,
+                        timeout: float | None, workers: int, gpus: list[str] | None) -> tuple[dict, PytestRun]:
+    """The base's collected ids and the candidate's run. A baseline cached for this base commit is
+    read first, and no more xdist workers start than it has tests; an uncached one (a collect-only
+    run at the base: a torch import and a collection, 20 s for FLA on the H200) runs beside the
+    candidate's pytest instead of before it, and stops that run if the base cannot collect."""
+    package = contract.import_path.split(".")[0]
+
+    def candidate(n: int, cancel: threading.Event | None = None) -> PytestRun:
+        return run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env, package=package,
+                          watch=watch, log_path=log_path, progress=progress, timeout=timeout, workers=n, gpus=gpus,
+                          cancel=cancel)
+
+    cached = fsutil.read_json_cache(_baseline_cache(target, contract, k_expr, "collect"))
+    if isinstance(cached, dict) and isinstance(cached.get("selected"), list):
+        base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress, timeout=timeout)
+        return base, candidate(min(workers, max(1, len(base["selected"]))) if workers else 0)
+    stop = threading.Event()  # the base failed, or the caller was interrupted: both runs end
+    box: dict = {}
+
+    def base_side() -> None:
+        try:
+            box["base"] = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress,
+                                   timeout=timeout, cancel=stop)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+            stop.set()
+
+    t = threading.Thread(target=base_side, name="flaloop-gate-baseline", daemon=True)
+    t.start()
+    try:
+        run = candidate(workers, stop)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["base"], run
+
+
 def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
              progress: Progress | None = None, baseline_progress: Progress | None = None,
              timeout: float | None = None, workers: int = 0, gpus: list[str] | None = None,
@@ -455,11 +504,8 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
         log_path = ws / "gate" / f"gate-{stamp}-{i}.log"
     if not findings:  # a frozen edit is red already; don't spend minutes of GPU on it
         target.require_test_file(contract.op, contract.test_file)
-        base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress,
-                        timeout=timeout)
-        run = run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env,
-                         package=contract.import_path.split(".")[0], watch=watch, log_path=log_path,
-                         progress=progress, timeout=timeout, workers=workers, gpus=gpus)
+        base, run = _base_and_candidate(target, contract, k_expr, env, watch, log_path, progress,
+                                        baseline_progress, timeout, workers, gpus)
         if workers and run.exit_code == 4 and "-n" in run.log_tail and "unrecognized" in run.log_tail:
             raise UsageError(f"--workers needs pytest-xdist in the target's Python ({target.python})",
                              "install pytest-xdist there, or drop --workers")

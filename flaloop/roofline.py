@@ -240,9 +240,8 @@ class Ceilings:
 
 
 def cache_path(device_uuid: str | None) -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     key = re.sub(r"[^A-Za-z0-9_.-]", "_", device_uuid) if device_uuid else "cpu"
-    return base / "flaloop" / f"ceilings-{key}.json"
+    return fsutil.user_cache_dir() / f"ceilings-{key}.json"
 
 
 def load_ceilings(device_uuid: str | None) -> Ceilings | None:

@@ -20,8 +20,11 @@ Ops from flaloop.toml override registry entries of the same name.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,8 +34,8 @@ from pathlib import Path
 
 import tomllib
 
-from flaloop import git, procs
-from flaloop.errors import UsageError
+from flaloop import fsutil, git, procs
+from flaloop.errors import StorageError, UsageError
 
 PROBE = Path(__file__).parent / "probes" / "target_probe.py"
 DEFAULT_REGISTRY = "benchmarks/ops/registry.py"
@@ -170,7 +173,11 @@ class Target:
             if not self.registry_file.exists():
                 self._registry = {"ops": [], "shape_configs": {}}
             else:
-                ans = run_probe(self.python, self.root, ["registry", "--registry", str(self.registry_file)])
+                ans = self._cached_registry()
+                if ans is None:
+                    ans = run_probe(self.python, self.root, ["registry", "--registry", str(self.registry_file)])
+                    if ans.get("ok"):
+                        self._keep_registry(ans)
                 if not ans.get("ok"):
                     rel = self.registry_file.relative_to(self.root)
                     error = str(ans.get("error"))
@@ -182,6 +189,38 @@ class Target:
                     )
                 self._registry = ans
         return self._registry
+
+    # Reading the registry means importing it (and torch) in the target's interpreter: seconds on
+    # every command. The answer is kept outside the repo, valid while the interpreter and every
+    # file of the tree that the registry's import loaded are byte for byte the same.
+
+    def _registry_cache(self) -> Path:
+        key = hashlib.sha256(json.dumps([str(self.root.resolve()), str(self.registry_file),
+                                         self.python]).encode()).hexdigest()[:20]
+        return fsutil.user_cache_dir() / "registry" / f"{key}.json"
+
+    def _registry_stamp(self, files: list[str]) -> dict | None:
+        try:
+            st = os.stat(self.python)
+            return {"python": [st.st_mtime_ns, st.st_size],
+                    "files": {f: hashlib.sha256((self.root / f).read_bytes()).hexdigest() for f in files}}
+        except OSError:
+            return None
+
+    def _cached_registry(self) -> dict | None:
+        doc = fsutil.read_json_cache(self._registry_cache())
+        if not isinstance(doc, dict) or not isinstance(doc.get("answer"), dict):
+            return None
+        files = doc["answer"].get("files")
+        if not isinstance(files, list) or not files or self._registry_stamp(files) != doc.get("stamp"):
+            return None
+        return doc["answer"]
+
+    def _keep_registry(self, ans: dict) -> None:
+        stamp = self._registry_stamp(ans.get("files") or [])
+        if stamp and ans.get("files"):
+            with contextlib.suppress(OSError, StorageError):  # a cache that cannot be kept is recomputed
+                fsutil.atomic_write_json(self._registry_cache(), {"stamp": stamp, "answer": ans})
 
     def ops(self) -> list[OpSpec]:
         specs: dict[str, OpSpec] = {}

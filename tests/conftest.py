@@ -22,6 +22,13 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAM
            "GIT_COMMITTER_EMAIL": "t@t"}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_user_cache(tmp_path_factory):
+    """flaloop's user cache (registry answers, GPU ceilings) per test session, not the user's."""
+    if "FLALOOP_TEST_KEEP_CACHE" not in os.environ:
+        os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

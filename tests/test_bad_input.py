@@ -99,6 +99,22 @@ def test_a_registry_with_a_syntax_error(toy):
     refused(flaloop(toy, "list"), 2, f"could not import the registry {REGISTRY}", "SyntaxError", "registry.py")
 
 
+def test_the_registry_answer_is_reused_until_a_file_it_loaded_changes(toy, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert flaloop(toy, "list", "--json", env=env).code == 0
+    [kept] = (tmp_path / "cache" / "flaloop" / "registry").glob("*.json")
+    doc = json.loads(kept.read_text())
+    assert "benchmarks/ops/registry.py" in doc["answer"]["files"]
+    # a planted answer shows that the next command reads the cache instead of the registry
+    for op in doc["answer"]["ops"]:
+        op["name"] = op["name"].replace("toy_attn", "toy_cached")
+    kept.write_text(json.dumps(doc))
+    assert "toy_cached" in flaloop(toy, "list", "--json", env=env).stdout
+    (toy / REGISTRY).write_text((toy / REGISTRY).read_text() + "\n# an edit\n")
+    fresh = flaloop(toy, "list", "--json", env=env).stdout
+    assert "toy_attn" in fresh and "toy_cached" not in fresh
+
+
 def test_a_registry_that_raises_on_import_names_the_line(toy):
     (toy / REGISTRY).write_text((toy / REGISTRY).read_text() + "\nraise RuntimeError('needs a GPU')\n")
     refused(flaloop(toy, "list"), 2, "RuntimeError: needs a GPU", f"(at {REGISTRY}:")

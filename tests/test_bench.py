@@ -37,6 +37,14 @@ def test_aa_measures_every_cell_in_abba_pairs_and_cleans_up(toy):
         assert set(cell["summary"]["base"]) >= {"median", "mean", "std", "min", "p10", "p90", "n"}
         assert cell["verdict"] in {"SAME", "UNSURE", "FASTER", "SLOWER"}
     assert rec["summary"]["geomean"]["n_cells"] == 2
+    # where the run's time went, in order, ending where the session ended
+    steps = [what for what, _ in rec["timeline"]]
+    assert steps[:3] == ["base worktree", "workers started", "round 1: workers ready"]
+    assert "warm-up done" in steps and steps[-1] == "done"
+    assert [c["cell"]["id"] for c in rec["cells"]] == [w.split(": ")[1][:-len(" measured")] for w in steps
+                                                       if w.startswith("round 1: ") and w.endswith(" measured")]
+    times = [t for _, t in rec["timeline"]]
+    assert times == sorted(times) and times[-1] <= rec["wall_s"] + 0.5
     assert Path(rec["path"]).is_file()
     saved = json.loads(Path(rec["path"]).read_text())
     assert saved["cells"][0]["pairs"][0]["base_ms"] > 0

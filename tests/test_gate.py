@@ -191,3 +191,31 @@ def test_gate_over_xdist_workers_pins_each_worker_to_a_gpu(repo):
     assert doc["run"]["workers"] == {"gw0": "5", "gw1": "7"}
     bad = flaloop(repo, "gate", OP, "--workers", "2", "--gpus", "0,x")
     assert bad.code == 2 and "not a GPU index" in bad.stderr
+
+
+def test_the_base_is_collected_beside_the_first_run_and_trims_the_workers_after(toy):
+    r, doc = gate(toy, "--workers", "3", op="toy_attn")
+    assert r.code == 0, doc.get("findings")
+    assert doc["baseline"]["cached"] is False and len(doc["run"]["workers"]) == 3  # not known yet
+    r, doc = gate(toy, "--workers", "3", "--regate", op="toy_attn")
+    assert r.code == 0 and doc["baseline"]["cached"] is True
+    assert len(doc["run"]["workers"]) == 2 == doc["counts"]["ran"]  # the file has two tests
+
+
+def test_a_base_that_cannot_collect_stops_the_candidates_run(toy):
+    import time
+
+    from conftest import git
+
+    init = toy / "toyop/ops/toy/__init__.py"
+    good = init.read_text()
+    init.write_text("raise ImportError('broken at the base')\n")
+    git(toy, "commit", "-qam", "a base whose package cannot be imported")
+    init.write_text(good)  # fixed in the working tree only
+    assert flaloop(toy, "init", "toy_attn", "--force").code == 0
+    edit(toy / "toyop/ops/toy/fast.py", "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n",
+         "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n    import time; time.sleep(120)\n")
+    t0 = time.monotonic()
+    r = flaloop(toy, "gate", "toy_attn")
+    assert r.code == 2 and "could not collect" in r.stderr and "broken at the base" in r.stderr
+    assert time.monotonic() - t0 < 60  # the candidate's two-minute test was stopped

@@ -124,7 +124,7 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
             "primed": session.primed, "contested": session.contested, "restarts": session.restarts,
             "gate": gate, "unverified": gate is None, "interrupted": interrupted,
             "last_gate": last_gate_for(target, contract.op, tree) if gate is None else None,
-            "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2),
+            "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2), "timeline": session.timeline,
             "guard": guard, "summary": summary, "cells": [r.to_dict() for r in session.results],
         }
         if not interrupted and session.env_info:

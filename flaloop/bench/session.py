@@ -91,6 +91,11 @@ class Session:
         self.broken: str | None = None  # why the current pair must be replaced (a sticky CUDA error)
         self.probe_seconds = 0.0
         self.cancel = cancel
+        self.t0 = time.monotonic()
+        self.timeline: list[list] = []  # [what, seconds since the session began]: where a run's time went
+
+    def _mark(self, what: str) -> None:
+        self.timeline.append([what, round(time.monotonic() - self.t0, 2)])
 
     # -- lifecycle --
 
@@ -99,8 +104,10 @@ class Session:
         return ("base", "cand") if (self.round if rnd is None else rnd) % 2 == 0 else ("cand", "base")
 
     def run(self) -> None:
+        self.t0 = time.monotonic()
         with ExitStack() as stack:
             base_tree = stack.enter_context(git.worktree(self.root, self.base_commit, "base"))
+            self._mark("base worktree")
             trees = {"base": base_tree, "cand": base_tree if self.cfg.aa else self.root}
             ws = self.run_dir.parents[1]
             env = dict(os.environ)
@@ -125,6 +132,7 @@ class Session:
             self.pool.prestart("round1", self._order(0))
             for rnd in range(1, max(1, self.cfg.rounds)):
                 self.pool.prestart(f"round{rnd + 1}", self._order(rnd))
+            self._mark("workers started")
             planned, rnd = max(1, self.cfg.rounds), 0
             while rnd < planned:
                 self.round = rnd
@@ -134,6 +142,7 @@ class Session:
                 if rnd:
                     self.on_event("round", round=rnd + 1, rounds=planned, cells=len(todo))
                 self._take(f"round{rnd + 1}")
+                self._mark(f"round {rnd + 1}: workers ready")
                 if rnd == 0:
                     hello = self.workers["base"].hello
                     self.clocks = Clocks(hello.get("device_uuid"))
@@ -142,13 +151,17 @@ class Session:
                     self.env_info["idle"] = idle_evidence(self.clocks, own_pids=self.pool.pids())
                     entries = _cache_entries(cache)
                     self._warm_all(cache, entries)
+                    self._mark("warm-up done")
                     self._prime(_cache_entries(cache) - entries)
+                    if self.primed:
+                        self._mark("primed: fresh workers ready")
                     self.pool.remember_preload(list(self.hellos[-1].values()))
                     todo = self._round_cells(0)
                 for res in todo:
                     if self._blocked_run():
                         break
                     self._measure(res)
+                    self._mark(f"round {rnd + 1}: {res.cell.id} measured")
                 self._close_workers()
                 rnd += 1
                 if rnd == planned and planned < self.cfg.max_rounds and not self._blocked_run():
@@ -164,6 +177,7 @@ class Session:
                 elif res.status == "ok" and len(res.kept) < 6:
                     res.status = "failed"
                     res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
+        self._mark("done")
         self.on_event("done")
 
     @contextmanager

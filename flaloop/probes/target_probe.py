@@ -70,7 +70,20 @@ def cmd_registry(args) -> dict:
     names = list(module.list_ops()) if hasattr(module, "list_ops") else []
     ops = [_describe_op(module.get_op(n)) for n in names]
     shapes = getattr(module, "SHAPE_CONFIGS", {}) or {}
-    return {"ops": ops, "shape_configs": {k: dict(v) for k, v in shapes.items()}}
+    return {"ops": ops, "shape_configs": {k: dict(v) for k, v in shapes.items()},
+            "files": _tree_files(args.tree, args.registry)}
+
+
+def _tree_files(tree: str, registry: str) -> list[str]:
+    """Every file of the tree this process loaded (the registry and what it imported): the answer
+    depends on them alone, so flaloop may reuse it while they are unchanged."""
+    root = os.path.realpath(tree) + os.sep
+    files = {os.path.realpath(registry)}
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if isinstance(f, str) and os.path.isabs(f):  # torch._classes says "_classes.py"
+            files.add(os.path.realpath(f))
+    return sorted(os.path.relpath(f, root) for f in files if f.startswith(root))
 
 
 def _defining_file(obj, fallback_module) -> tuple[str | None, str]:
