@@ -42,6 +42,9 @@ NCU_METRICS = {
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "compute_sol_pct",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
 }
+# Other names ncu versions give the same metric (Nsight Compute on the H200 here, 2026-11-30, had no
+# dram__throughput column in the raw page; its Speed Of Light section reads gpu__dram_throughput).
+NCU_ALIASES = {"gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram__throughput.avg.pct_of_peak_sustained_elapsed"}
 
 
 def pick_cell(target, contract, shape: str | None, mode: str | None) -> model_mod.Cell:
@@ -113,6 +116,9 @@ def summarize_ncu_csv(text: str) -> dict:
     if body and not any(c.strip().replace(".", "", 1).isdigit() for c in body[0][:3]) and "ID" in header:
         body = body[1:]  # the units row
     col = {name: i for i, name in enumerate(header)}
+    for alias, name in NCU_ALIASES.items():
+        if name not in col and alias in col:
+            col[name] = col[alias]
     name_col = col.get("Kernel Name", col.get("Function Name"))
     kernels = []
     for r in body:

@@ -339,9 +339,20 @@ def _newest_aa(records: list[dict], base_commit: str) -> dict | None:
             "geomean": (r.get("summary") or {}).get("geomean"), "command": r.get("command")}
 
 
-def _profile_for(profiles: list[dict], record: dict) -> dict | None:
+def _tree_of(root: Path, state: dict) -> str | None:
+    """The git tree (the code, not the commit) of a clean tree state."""
+    if not state.get("head") or state.get("dirty"):
+        return None
+    return (_git_out(root, "rev-parse", "--verify", "--quiet", f"{state['head']}^{{tree}}") or b"").decode().strip() or None
+
+
+def _profile_for(root: Path, profiles: list[dict], record: dict) -> dict | None:
+    """The newest profile of the record's tree state; else of the same code at another commit (a
+    loop's reverts leave HEAD on a new commit whose tree is the base's)."""
     state = _candidate_state(record)
     mine = [p for p in profiles if same_state((p.get("candidate") or {}), state)]
+    if not mine and (code := _tree_of(root, state)):
+        mine = [p for p in profiles if _tree_of(root, p.get("candidate") or {}) == code]
     return mine[-1] if mine else None
 
 
@@ -380,7 +391,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     env.setdefault("during", evidence.during_evidence(evidence.readings_of(record)))
     env.setdefault("idle", {"available": False, "reason": env.get("nvml") or "not recorded by this bench"})
     aa = _newest_aa(records, (record.get("base") or {}).get("commit"))
-    profile = _profile_for(load_profiles(ws), record)
+    profile = _profile_for(target.root, load_profiles(ws), record)
     concl = conclusion(geo, rows, claim, contract.get("target_speedup"))
     claim_ok = not (refusals and concl["kind"] in WIN)
     verdicts = [r["verdict"] for r in rows]

@@ -98,6 +98,10 @@ def test_ncu_raw_csv_is_summarised_duration_weighted():
     assert s["memory_throughput_pct"] == pytest.approx((80 * 30 + 40 * 10) / 40)
     assert s["achieved_occupancy_pct"] == pytest.approx((50 * 30 + 25 * 10) / 40)
     assert s["compute_sol_pct"] == pytest.approx(45.0)
+    assert s["dram_throughput_pct"] == pytest.approx((78 * 30 + 38 * 10) / 40)
+    # the Speed Of Light section's name for DRAM throughput in other ncu versions
+    other = profiling.summarize_ncu_csv(NCU_CSV.replace("dram__throughput", "gpu__dram_throughput"))
+    assert other["dram_throughput_pct"] == s["dram_throughput_pct"]
 
 
 def test_ncu_missing_or_forbidden_is_named(monkeypatch):

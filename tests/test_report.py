@@ -322,3 +322,31 @@ def test_commit_states_recognise_a_committed_dirty_tree(tmp_path):
 def commit_all_toy(tmp_path: Path) -> Path:
     repo = make_toy_repo(tmp_path / "t")
     return commit_all(repo) if not (repo / ".git").exists() else repo
+
+
+def test_a_profile_of_the_same_code_at_another_commit_explains_the_record(tmp_path):
+    """A loop's reverts leave HEAD on a new commit whose tree is the base's: a profile taken there
+    is a reading of the baseline's code (H200, 2026-11-30: the no-go report said it had none)."""
+    from conftest import git
+
+    from flaloop.report import _profile_for
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "k.py").write_text("a = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "k.py").write_text("a = 2\n")
+    git(repo, "commit", "-qam", "try")
+    tried = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "revert", "--no-edit", "HEAD")
+    reverted = git(repo, "rev-parse", "HEAD").strip()
+    record = {"candidate": {"head": base, "dirty": False, "diff_hash": None}}
+    other = {"candidate": {"head": tried, "dirty": False, "diff_hash": None}, "created": "1"}
+    same_code = {"candidate": {"head": reverted, "dirty": False, "diff_hash": None}, "created": "2"}
+    assert _profile_for(repo, [other], record) is None
+    assert _profile_for(repo, [same_code, other], record) is same_code
+    dirty = {"candidate": {"head": reverted, "dirty": True, "diff_hash": "abc"}}
+    assert _profile_for(repo, [dirty], record) is None

@@ -553,3 +553,32 @@ def test_fixture_trees_differ(trees):
     # guard against the constant patching in make_tree silently doing nothing
     src = (trees['off'] / 'toyop' / 'ops' / 'scale' / '__init__.py').read_text()
     assert 'FACTOR = 1.01' in src and 'EXTRA = True' in src
+
+
+def test_a_lean_import_serves_the_packages_literal_constants_and_runs_it_for_anything_else(tmp_path):
+    """`--import lean`: the op's parent packages run their __init__ only when asked for a name they
+    define by running; FLA's fla/utils reads `from fla import __version__` (H200, 2026-11-30: the
+    lean import failed on it)."""
+    import sys
+    from types import SimpleNamespace
+
+    from flaloop.bench.worker import target
+
+    pkg = tmp_path / "leanpkg"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('__version__ = "0.5.2"\nimport os\nRAN = os.getpid()\n')
+    (pkg / "ops" / "__init__.py").write_text("")
+    (pkg / "ops" / "op.py").write_text("from leanpkg import __version__\n\ndef op():\n    return __version__\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        target.LAZY_RAN.clear()
+        mod, fn = target.import_op(SimpleNamespace(import_path="leanpkg.ops.op", func_name="op", name="op"),
+                                   lean=True, tree=str(tmp_path))
+        assert fn() == "0.5.2" and target.LAZY_RAN == []  # the constant came without running __init__
+        assert not hasattr(sys.modules["leanpkg"], "__wrapped__") and target.LAZY_RAN == []
+        assert sys.modules["leanpkg"].RAN > 0 and target.LAZY_RAN == ["leanpkg"]  # a real name runs it
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n == "leanpkg" or n.startswith("leanpkg.")]:
+            del sys.modules[name]
+        target.LAZY_RAN.clear()

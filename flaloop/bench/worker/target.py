@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -56,10 +57,12 @@ def apply_backend_env(cfg, backend: str | None) -> str | None:
 class LazyPackage(types.ModuleType):
     """A package of the tree whose `__init__.py` runs only when something asks it for a name that is
     not one of its submodules (PEP 562): `--import lean` skips what FLA's `fla/__init__.py` pulls in
-    (fla.layers, fla.models, transformers) when the op does not need it."""
+    (fla.layers, fla.models, transformers) when the op does not need it. The `__init__`'s top-level
+    literal constants (`__version__ = "0.5.2"`) are there from the start: reading them runs nothing
+    in the real package either (FLA's fla/utils does `from fla import __version__`)."""
 
     def __getattr__(self, name: str):
-        if name.startswith('__') or self.__dict__.get('_flaloop_ran'):
+        if name in _PROBED or self.__dict__.get('_flaloop_ran'):
             raise AttributeError(name)
         self.__dict__['_flaloop_ran'] = True
         LAZY_RAN.append(self.__name__)
@@ -67,7 +70,29 @@ class LazyPackage(types.ModuleType):
         return getattr(self, name)
 
 
+# Looked up by tools on any object (inspect, copy, typing): asking for them is not using the package.
+_PROBED = frozenset({'__wrapped__', '__signature__', '__class_getitem__', '__mro_entries__', '__fspath__',
+                     '__length_hint__', '__len__', '__iter__', '__reduce__', '__reduce_ex__', '__getstate__',
+                     '__copy__', '__deepcopy__', '__set_name__', '__dataclass_fields__', '__origin__',
+                     '__file__', '__path__', '__spec__', '__loader__', '__package__', '__builtins__'})
 LAZY_RAN: list[str] = []
+
+
+def _literal_constants(init: str) -> dict:
+    """`NAME = <literal>` at the top level of a package's __init__, in source order."""
+    try:
+        with open(init, encoding='utf-8') as fh:
+            tree = ast.parse(fh.read(), init)
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+    return out
 
 
 def _lean_parents(import_path: str, tree: str) -> list[str]:
@@ -84,6 +109,7 @@ def _lean_parents(import_path: str, tree: str) -> list[str]:
             break
         spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[d])
         mod = LazyPackage(name)
+        mod.__dict__.update(_literal_constants(init))
         mod.__spec__, mod.__file__, mod.__path__, mod.__package__ = spec, init, [d], name
         mod.__loader__ = spec.loader
         sys.modules[name] = mod
