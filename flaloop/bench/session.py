@@ -132,6 +132,11 @@ class Session:
             self.pool.prestart("round1", self._order(0))
             for rnd in range(1, max(1, self.cfg.rounds)):
                 self.pool.prestart(f"round{rnd + 1}", self._order(rnd))
+            if not self.cfg.aa or _cache_entries(cache) == 0:
+                # a changed candidate (or a cold cache) compiles in the warm-up, and then fresh
+                # processes measure (_prime): theirs is the longest import to wait for, so it starts
+                # now; importing compiles nothing, so they stay processes that compiled nothing
+                self.pool.prestart("primed", self._order(0))
             self._mark("workers started")
             planned, rnd = max(1, self.cfg.rounds), 0
             while rnd < planned:
