@@ -459,11 +459,11 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
     t.start()
     try:
         run = candidate(workers, stop)
-    except BaseException:
-        stop.set()
-        raise
-    finally:
         t.join()
+    except BaseException:  # an interrupt, also one that lands while waiting for the base
+        stop.set()
+        t.join(timeout=30)  # its pytest is stopped within a second or so; its worktree goes with it
+        raise
     if "error" in box:
         raise box["error"]
     return box["base"], run

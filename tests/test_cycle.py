@@ -46,8 +46,11 @@ def test_a_quick_bench_is_one_round_and_labelled_a_signal(toy):
 
 def test_gate_plan_spreads_the_gate_over_the_gpus_and_keeps_one_for_the_bench(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5")
-    assert gate_plan(GateOptions()) == (12, ["2", "3", "5"], None)
-    assert gate_plan(GateOptions(), for_verify=True) == (8, ["2", "3"], "5")
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert gate_plan(GateOptions()) == (24, ["2", "3", "5"], None)  # 8 a GPU
+    assert gate_plan(GateOptions(), for_verify=True) == (16, ["2", "3"], "5")
+    monkeypatch.setattr("os.cpu_count", lambda: 12)
+    assert gate_plan(GateOptions()) == (6, ["2", "3", "5"], None)  # one per two cores
     assert gate_plan(GateOptions(workers=3, gpus="0,1"), for_verify=True) == (3, ["0"], "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert gate_plan(GateOptions(), for_verify=True) == (0, None, None)  # one GPU: today's order
