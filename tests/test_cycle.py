@@ -74,3 +74,27 @@ def test_a_red_gate_withdraws_the_bench_running_beside_it(toy):
     assert r.code == 1, r.stderr[-3000:]
     assert r.json["bench"] is None and r.json["gate"]["green"] is False
     assert "no benchmark result is shown on a red gate" in r.stderr
+
+
+def test_a_lean_import_is_checked_against_the_real_one(toy):
+    """`--import lean` skips package __init__ files the op does not name; a real import of both
+    trees runs beside it, and numeric settings that differ between the two block the run."""
+    from conftest import commit_all
+
+    args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--import", "lean", "--modes", "fwd", "--json", *QUICK]
+    r = flaloop(toy, *args)
+    assert r.code == 0, r.stderr[-2000:]
+    rec = r.json
+    assert rec["workers"]["base"]["import_mode"] == "lean" and rec["workers"]["base"]["lazy_packages_ran"] == []
+    assert rec["lean_check"]["differs"] == [] and set(rec["lean_check"]["reference_pids"]) == {"base", "cand"}
+    assert "lean import checked against the real one" in [w for w, _ in rec["timeline"]]
+    # the package's __init__ (which the op never asks for a name) switches a setting on at import
+    init = toy / "toyop/__init__.py"
+    init.write_text('import os\nos.environ["FLA_TOY_FAST_MATH"] = "1"\n')
+    commit_all(toy)
+    r = flaloop(toy, *args)
+    assert r.code == 1, r.stderr[-2000:]
+    rec = r.json
+    rules = {f["rule"] for f in rec["guard"]["findings"] if f["blocking"]}
+    assert rules == {"lean-import-differs"} and "FLA_TOY_FAST_MATH" in rec["lean_check"]["differs"][0]
+    assert {c["verdict"] for c in rec["cells"]} == {"BLOCKED"}

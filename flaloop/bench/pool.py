@@ -87,8 +87,9 @@ class WorkerPool:
 
     # -- pairs --
 
-    def start_pair(self, order: tuple[str, str], label: str) -> dict[str, Worker]:
+    def start_pair(self, order: tuple[str, str], label: str, import_mode: str | None = None) -> dict[str, Worker]:
         """Start one process per side, in `order` (the round's start order); don't wait for them."""
+        import_mode = import_mode or self.import_mode
         pair = {}
         for side in order:
             self._n += 1
@@ -96,11 +97,11 @@ class WorkerPool:
             try:
                 w = Worker(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
                            env=self.env, server=self.server, env_extra=self.env_extra,
-                           import_mode=self.import_mode)
+                           import_mode=import_mode)
             except RuntimeError as exc:  # the fork server refused: spawn from now on
                 self.fall_back(str(exc))
                 w = Worker(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
-                           env=self.env, env_extra=self.env_extra, import_mode=self.import_mode)
+                           env=self.env, env_extra=self.env_extra, import_mode=import_mode)
             self.started.append(w)
             pair[side] = w
         return pair
@@ -126,10 +127,10 @@ class WorkerPool:
                         "refusing to measure the wrong code")
         return hellos
 
-    def prestart(self, label: str, order: tuple[str, str]) -> None:
+    def prestart(self, label: str, order: tuple[str, str], import_mode: str | None = None) -> None:
         """Start the pair a later round will take, now: its import overlaps the current work."""
         if label not in self.ahead:
-            self.ahead[label] = (order, self.start_pair(order, label))
+            self.ahead[label] = (order, self.start_pair(order, label, import_mode))
 
     def take(self, label: str, order: tuple[str, str]) -> tuple[dict[str, Worker], dict[str, dict]]:
         """A greeted pair for `label`: the one started ahead, else a new one. A forked pair that

@@ -91,6 +91,7 @@ class Session:
         self.broken: str | None = None  # why the current pair must be replaced (a sticky CUDA error)
         self.probe_seconds = 0.0
         self.cancel = cancel
+        self.lean_check: dict | None = None  # --import lean: the real import's verdict on it
         self.t0 = time.monotonic()
         self.timeline: list[list] = []  # [what, seconds since the session began]: where a run's time went
 
@@ -132,6 +133,10 @@ class Session:
             self.pool.prestart("round1", self._order(0))
             for rnd in range(1, max(1, self.cfg.rounds)):
                 self.pool.prestart(f"round{rnd + 1}", self._order(rnd))
+            if self.cfg.import_mode == "lean":
+                # the real import of both trees, beside the run: its numeric settings must be the
+                # lean processes' (checked after round 1, when it has long finished importing)
+                self.pool.prestart("reference", self._order(0), import_mode="full")
             if not self.cfg.aa or _cache_entries(cache) == 0:
                 # a changed candidate (or a cold cache) compiles in the warm-up, and then fresh
                 # processes measure (_prime): theirs is the longest import to wait for, so it starts
@@ -168,6 +173,8 @@ class Session:
                     self._measure(res)
                     self._mark(f"round {rnd + 1}: {res.cell.id} measured")
                 self._close_workers()
+                if rnd == 0 and self.cfg.import_mode == "lean":
+                    self._check_lean_import()
                 rnd += 1
                 if rnd == planned and planned < self.cfg.max_rounds and not self._blocked_run():
                     self.contested = [r.cell.id for r in self.results
@@ -219,6 +226,26 @@ class Session:
     def _close_workers(self) -> None:
         for w in self.workers.values():
             w.close()
+
+    def _check_lean_import(self) -> None:
+        """Compare the lean processes' numeric settings at import with the real import's."""
+        try:
+            pair, hellos = self.pool.take("reference", self._order(0))
+            WorkerPool.close_pair(pair)
+        except (MeasurementError, WorkerFailed) as exc:  # the real import is broken: nothing to vouch for lean
+            found = [guard_probes.finding("lean-import-differs", f"the real import failed: {exc.message}", side=None)]
+            hellos = {}
+        else:
+            lean = {side: h.get("numeric_at_import") or {} for side, h in self.hellos[0].items()}
+            full = {side: h.get("numeric_at_import") or {} for side, h in hellos.items()}
+            found = guard_probes.lean_import(lean, full)
+        self.lean_check = {"reference_pids": {s: h.get("pid") for s, h in hellos.items()},
+                           "differs": [f.message for f in found]}
+        known = {f["message"] for f in self.run_findings}
+        for f in apply_allowances(found, self.allowed):
+            if f.message not in known:
+                self.run_findings.append(f.to_dict())
+        self._mark("lean import checked against the real one")
 
     def _restart(self, why: str) -> bool:
         """A fresh pair for this round after a crash, a hang or a broken CUDA context; False when

@@ -91,8 +91,9 @@ class BenchOptions:
     no_probes: Annotated[bool, typer.Option(
         "--no-probes", help="Skip the guard's dynamic probes (to measure their cost; the result is then unguarded).")] = False
     import_mode: Annotated[str, typer.Option(
-        "--import", help="full (default): import the op as users do; lean: the op's parent packages run "
-                         "their __init__ only when asked for a name (faster starts; both sides alike).")] = "full"
+        "--import", help="full (default): import the op as users do; lean: the tree's packages run their "
+                         "__init__ only when asked for a name (faster starts; a real import beside the run "
+                         "must show the same numeric settings, else the run is blocked).")] = "full"
     forkserver: Annotated[bool, typer.Option(
         "--forkserver", help="Fork the workers from a server that imported the target's third-party libraries "
                              "once (default: spawn each; see docs/BENCHMARKS.md for what it saves).")] = False

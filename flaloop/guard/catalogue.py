@@ -161,6 +161,11 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "TF32 flags, matmul precision, TRITON_* / FLA_* environment or Triton's fp32 default changed at "
          "import or call time relax the math globally.",
          "leave global numeric settings alone"),
+    Rule("lean-import-differs", BLOCK, "the lean import ran under other numeric settings than the real one",
+         "`--import lean` skips package __init__ files the op does not name; one of them changed TF32 flags, "
+         "a matmul precision or TRITON_* / FLA_* variables at import, so the measured processes did not run "
+         "the code the way the package's users do.",
+         "bench with `--import full` (the default), or move the setting where the op's own import makes it"),
     Rule("l2-persisting", BLOCK, "a persisting-L2 limit or access-policy window was set",
          "data kept resident in L2 across timed calls skips the HBM traffic the flush is there to force.",
          "do not set persisting L2 (cudaLimitPersistingL2CacheSize, accessPolicyWindow)"),

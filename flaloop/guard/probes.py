@@ -31,6 +31,19 @@ def integrity(base: list[str], cand: list[str], aa: bool = False) -> list[Findin
     return [finding("timer-patched", v, cell=None) for v in extra]
 
 
+def lean_import(lean: dict[str, dict], full: dict[str, dict]) -> list[Finding]:
+    """`--import lean` against the real import of the same tree: the numeric settings each side's
+    process had right after importing the op (hello's `numeric_at_import`) must not differ. A package
+    __init__ the lean import skipped may set TF32, a matmul precision or TRITON_*/FLA_* variables:
+    then the lean processes measured code under settings no user of the package gets."""
+    out = []
+    for side in sorted(set(lean) & set(full)):
+        diffs = numeric_differences(full[side] or {}, lean[side] or {}, ("real import", "lean import"))
+        if diffs:
+            out.append(finding("lean-import-differs", f"{side}: " + "; ".join(diffs[:8]), cell=None, side=side))
+    return out
+
+
 def timer_wall_gap(cell: str, pairs: list, k: int | None, timer: str | None) -> Finding | None:
     """Device time vs host wall time of the same synchronized graph replays, compared across sides.
 
@@ -161,13 +174,13 @@ def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_
     return out
 
 
-def numeric_differences(base: dict, cand: dict) -> list[str]:
+def numeric_differences(base: dict, cand: dict, labels: tuple[str, str] = ("base", "candidate")) -> list[str]:
     out = []
     for group in ("flags", "triton", "env"):
         b, c = base.get(group) or {}, cand.get(group) or {}
         for key in sorted(set(b) | set(c)):
             if b.get(key) != c.get(key):
-                out.append(f"{key}: base {b.get(key)!r}, candidate {c.get(key)!r}")
+                out.append(f"{key}: {labels[0]} {b.get(key)!r}, {labels[1]} {c.get(key)!r}")
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import os
@@ -57,24 +58,28 @@ def apply_backend_env(cfg, backend: str | None) -> str | None:
 class LazyPackage(types.ModuleType):
     """A package of the tree whose `__init__.py` runs only when something asks it for a name that is
     not one of its submodules (PEP 562): `--import lean` skips what FLA's `fla/__init__.py` pulls in
-    (fla.layers, fla.models, transformers) when the op does not need it. The `__init__`'s top-level
-    literal constants (`__version__ = "0.5.2"`) are there from the start: reading them runs nothing
-    in the real package either (FLA's fla/utils does `from fla import __version__`)."""
+    (fla.layers, fla.models, transformers), `fla/ops/__init__.py` (every op) and
+    `fla/modules/__init__.py` (einops) when the op only needs some of their submodules. The
+    `__init__`'s top-level literal constants (`__version__ = "0.5.2"`) are there from the start:
+    reading them runs nothing in the real package either (FLA's fla/utils does
+    `from fla import __version__`)."""
 
     def __getattr__(self, name: str):
         if name in _PROBED or self.__dict__.get('_flaloop_ran'):
             raise AttributeError(name)
         self.__dict__['_flaloop_ran'] = True
         LAZY_RAN.append(self.__name__)
-        self.__spec__.loader.exec_module(self)
+        self.__dict__['_flaloop_loader'].exec_module(self)
         return getattr(self, name)
 
 
-# Looked up by tools on any object (inspect, copy, typing): asking for them is not using the package.
+# Looked up by the import system and by tools on any object (inspect, copy, typing): asking for them
+# is not using the package.
 _PROBED = frozenset({'__wrapped__', '__signature__', '__class_getitem__', '__mro_entries__', '__fspath__',
                      '__length_hint__', '__len__', '__iter__', '__reduce__', '__reduce_ex__', '__getstate__',
                      '__copy__', '__deepcopy__', '__set_name__', '__dataclass_fields__', '__origin__',
-                     '__file__', '__path__', '__spec__', '__loader__', '__package__', '__builtins__'})
+                     '__file__', '__path__', '__spec__', '__loader__', '__package__', '__builtins__',
+                     '__cached__'})
 LAZY_RAN: list[str] = []
 
 
@@ -95,34 +100,43 @@ def _literal_constants(init: str) -> dict:
     return out
 
 
-def _lean_parents(import_path: str, tree: str) -> list[str]:
-    """Install lazy stand-ins for the op module's parent packages that live in `tree`."""
-    parts = import_path.split('.')
-    stubbed = []
-    for i in range(1, len(parts)):
-        name = '.'.join(parts[:i])
-        if name in sys.modules:
-            continue
-        d = os.path.join(tree, *parts[:i])
-        init = os.path.join(d, '__init__.py')
-        if not os.path.isfile(init):
-            break
-        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[d])
-        mod = LazyPackage(name)
-        mod.__dict__.update(_literal_constants(init))
-        mod.__spec__, mod.__file__, mod.__path__, mod.__package__ = spec, init, [d], name
-        mod.__loader__ = spec.loader
-        sys.modules[name] = mod
-        if i > 1:
-            setattr(sys.modules['.'.join(parts[:i - 1])], parts[i - 1], mod)
-        stubbed.append(name)
-    return stubbed
+class _LazyLoader:
+    """Creates the LazyPackage; the package's own loader runs its __init__ when it is asked to."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return LazyPackage(spec.name)
+
+    def exec_module(self, module) -> None:
+        module.__dict__.update(_literal_constants(module.__spec__.origin))
+        module.__dict__['_flaloop_loader'] = self.real
+
+
+class LeanFinder:
+    """On sys.meta_path: every package whose __init__.py lies in the tree imports lazily, except the
+    op's own module (that one runs: it is what is measured)."""
+
+    def __init__(self, tree: str, keep: str):
+        self.root, self.keep = os.path.realpath(tree) + os.sep, keep
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname == self.keep:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        origin = getattr(spec, 'origin', None) or ''
+        if (spec is None or spec.submodule_search_locations is None or os.path.basename(origin) != '__init__.py'
+                or not os.path.realpath(origin).startswith(self.root)):
+            return None
+        spec.loader = _LazyLoader(spec.loader)
+        return spec
 
 
 def import_op(cfg, lean: bool = False, tree: str | None = None):
-    """(module, function) of the registry entry `cfg`; `lean` defers the parent packages' __init__."""
+    """(module, function) of the registry entry `cfg`; `lean` defers the __init__ of the tree's packages."""
     if lean and tree:
-        _lean_parents(cfg.import_path, tree)
+        sys.meta_path.insert(0, LeanFinder(tree, cfg.import_path))
     mod = importlib.import_module(cfg.import_path)
     attr = cfg.func_name or cfg.name
     fn = getattr(mod, attr, None)
