@@ -87,6 +87,7 @@ def test_a_lean_import_is_checked_against_the_real_one(toy):
     rec = r.json
     assert rec["workers"]["base"]["import_mode"] == "lean" and rec["workers"]["base"]["lazy_packages_ran"] == []
     assert rec["lean_check"]["differs"] == [] and set(rec["lean_check"]["reference_pids"]) == {"base", "cand"}
+    assert rec["lean_check"]["kernels_compared_on"] == rec["cells"][0]["cell"]["id"]
     assert "lean import checked against the real one" in [w for w, _ in rec["timeline"]]
     # the package's __init__ (which the op never asks for a name) switches a setting on at import
     init = toy / "toyop/__init__.py"
@@ -98,3 +99,17 @@ def test_a_lean_import_is_checked_against_the_real_one(toy):
     rules = {f["rule"] for f in rec["guard"]["findings"] if f["blocking"]}
     assert rules == {"lean-import-differs"} and "FLA_TOY_FAST_MATH" in rec["lean_check"]["differs"][0]
     assert {c["verdict"] for c in rec["cells"]} == {"BLOCKED"}
+
+
+def test_the_lean_check_compares_the_kernels_one_call_launches():
+    from flaloop.guard.probes import lean_kernels
+
+    real = {"triton_launches": {"chunk_fwd_kernel_o": 1, "fused_fast_path": 1}, "kernels": {"chunk_fwd_kernel_o": 1}}
+    same = {"triton_launches": dict(real["triton_launches"]), "kernels": dict(real["kernels"])}
+    assert lean_kernels("cand", "c/fwd", same, real) == []
+    # the real import registered a fused path that the lean one never saw: another dispatch
+    lean = {"triton_launches": {"chunk_fwd_kernel_o": 2}, "kernels": {"chunk_fwd_kernel_o": 1}}
+    [f] = lean_kernels("cand", "c/fwd", lean, real)
+    assert f.rule == "lean-import-differs" and f.blocking
+    assert "only with the real import ['fused_fast_path']" in f.message and "other counts ['chunk_fwd_kernel_o']" in f.message
+    assert lean_kernels("cand", "c/fwd", None, real) == []  # probes off: nothing to compare

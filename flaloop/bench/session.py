@@ -228,19 +228,35 @@ class Session:
             w.close()
 
     def _check_lean_import(self) -> None:
-        """Compare the lean processes' numeric settings at import with the real import's."""
+        """Hold the lean processes against a real import of the same trees: their numeric settings
+        at import, and the kernels the first probed cell launches (a dispatch table that a skipped
+        __init__ fills would change those without any setting). Runs between rounds: nothing is
+        being timed while the reference processes use the GPU."""
+        compared = None
         try:
             pair, hellos = self.pool.take("reference", self._order(0))
-            WorkerPool.close_pair(pair)
+            try:
+                lean = {side: h.get("numeric_at_import") or {} for side, h in self.hellos[0].items()}
+                full = {side: h.get("numeric_at_import") or {} for side, h in hellos.items()}
+                found = guard_probes.lean_import(lean, full)
+                res = next((r for r in self.results if r.status == "ok" and r.probes), None)
+                if res is not None:
+                    compared = res.cell.id
+                    for side, w in pair.items():
+                        wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, res.k,
+                                                "eager" if res.timer == "cuda_eager" else "auto", self.cfg.min_sample_ms)
+                        if not w.request("setup", self.cfg.setup_timeout, cell=wire).get("ok"):
+                            raise WorkerFailed(side, f"could not set up {res.cell.id} with the real import", "")
+                        real = w.request("probe", self.cfg.setup_timeout, cell=res.cell.id)
+                        found += guard_probes.lean_kernels(side, res.cell.id, (res.probes.get(side) or {}).get("census"),
+                                                           ((real.get("probes") or {}).get("census")))
+            finally:
+                WorkerPool.close_pair(pair)
         except (MeasurementError, WorkerFailed) as exc:  # the real import is broken: nothing to vouch for lean
             found = [guard_probes.finding("lean-import-differs", f"the real import failed: {exc.message}", side=None)]
             hellos = {}
-        else:
-            lean = {side: h.get("numeric_at_import") or {} for side, h in self.hellos[0].items()}
-            full = {side: h.get("numeric_at_import") or {} for side, h in hellos.items()}
-            found = guard_probes.lean_import(lean, full)
         self.lean_check = {"reference_pids": {s: h.get("pid") for s, h in hellos.items()},
-                           "differs": [f.message for f in found]}
+                           "kernels_compared_on": compared, "differs": [f.message for f in found]}
         known = {f["message"] for f in self.run_findings}
         for f in apply_allowances(found, self.allowed):
             if f.message not in known:

@@ -44,6 +44,23 @@ def lean_import(lean: dict[str, dict], full: dict[str, dict]) -> list[Finding]:
     return out
 
 
+def lean_kernels(side: str, cell: str, lean: dict | None, real: dict | None) -> list[Finding]:
+    """The census of one call under the lean and the real import: the same Triton launches and GPU
+    kernels, as many of each."""
+    if lean is None or real is None:
+        return []
+    diffs = []
+    for key, what in (("triton_launches", "Triton launches"), ("kernels", "GPU kernels")):
+        a, b = real.get(key) or {}, lean.get(key) or {}
+        if a != b:
+            only_real = sorted(set(a) - set(b))[:4]
+            only_lean = sorted(set(b) - set(a))[:4]
+            counts = sorted(k for k in set(a) & set(b) if a[k] != b[k])[:4]
+            diffs.append(f"{what} differ: only with the real import {only_real}, only lean {only_lean}, "
+                         f"other counts {counts}")
+    return [finding("lean-import-differs", f"{side}, {cell}: " + "; ".join(diffs), cell=cell, side=side)] if diffs else []
+
+
 def timer_wall_gap(cell: str, pairs: list, k: int | None, timer: str | None) -> Finding | None:
     """Device time vs host wall time of the same synchronized graph replays, compared across sides.
 
