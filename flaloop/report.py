@@ -385,7 +385,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         blocked = [r["id"] for r in rows if r["status"] == "blocked"]
         refusals.append(Refusal("correctness_blocked", f"base and candidate differ on {', '.join(blocked)}",
                                 "the candidate computes something else on the bench inputs: fix it"))
-    if record.get("aa"):
+    if record.get("aa") and not claim.no_go:  # a no-go stands on the baseline's A/A by design
         refusals.append(Refusal("commit_mismatch", "the only record of this state is an A/A self-check",
                                 "bench the candidate: `flaloop verify OP`"))
     env.setdefault("during", evidence.during_evidence(evidence.readings_of(record)))

@@ -292,6 +292,11 @@ def test_a_loop_without_a_kept_iteration_is_a_no_go(toy_measured):
     doc = build(repo)
     assert doc["conclusion"]["kind"] == "no-go" and doc["claim"]["no_go"] is True
     assert doc["claim_ok"] is True and len(doc["trajectory"]) == 3
+    # a no-go stands on the baseline's A/A: that is no gap in its evidence (H200, 2026-11-30)
+    p = the_record(repo)
+    p.write_text(json.dumps({**json.loads(p.read_text()), "aa": True}))
+    doc = build(repo)
+    assert doc["conclusion"]["kind"] == "no-go" and "A/A self-check" not in json.dumps(doc["risks"])
 
 
 def test_no_record_or_no_contract_is_a_usage_error(toy_measured):
