@@ -576,7 +576,11 @@ H200 = [[["machine", "gate"]], [["aa"]], [["cycle", "guard", "faults"], ["loop",
 # One session's device time, most wanted first: the loop and the faults beside the cycle times,
 # the gate on both GPUs, the slowdown (it also compiles every bench cell for verify), verify.
 FINAL = [[["machine", "cycle", "faults"], ["loop", "profile", "report"]], [["gate"]], [["slowdown"]], [["verify"]]]
-PLANS = {"h200": H200, "h200-final": FINAL,
+# What issue 10 still needs measured: the one-cell bench in each start mode (alone on the machine,
+# so no other lane grows the shared Triton cache), the slowdown (which also compiles every cell's
+# kernels), then verify against FLA's, whose flaloop side is also the 12-cell A/A.
+CYCLE = [[["machine", "cycle"]], [["slowdown"]], [["verify"]]]
+PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE,
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 
