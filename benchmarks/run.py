@@ -302,7 +302,7 @@ def suite_cycle(ctx: Ctx) -> None:
         imports = [round(max(v or 0 for v in r.values()), 1) for r in rec.get("import_s") or []]
         lines.append(f"{label}: {walls[-1]:.1f}s wall (first {walls[0]:.1f}s), slowest import per round {imports}, "
                      f"inner {rec.get('wall_s')}s, verdict {[c.get('verdict') for c in rec.get('cells') or []]}, "
-                     f"fork server {(rec.get('env') or {}).get('forkserver')}")
+                     f"fork server {(rec.get('env') or {}).get('forkserver')}, lean check {rec.get('lean_check')}")
         lines.append("    timeline: " + ", ".join(f"{w} {t}s" for w, t in rec.get("timeline") or []))
         best = walls[-1] if best is None else min(best, walls[-1])
         if label == "spawn, full import":
