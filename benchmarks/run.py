@@ -302,7 +302,7 @@ def suite_cycle(ctx: Ctx) -> None:
         imports = [round(max(v or 0 for v in r.values()), 1) for r in rec.get("import_s") or []]
         lines.append(f"{label}: {walls[-1]:.1f}s wall (first {walls[0]:.1f}s), slowest import per round {imports}, "
                      f"inner {rec.get('wall_s')}s, verdict {[c.get('verdict') for c in rec.get('cells') or []]}, "
-                     f"fork server {(rec.get('env') or {}).get('forkserver')}, lean check {rec.get('lean_check')}")
+                     f"fork server {_forkserver_line(rec)}, lean check {rec.get('lean_check')}")
         lines.append("    timeline: " + ", ".join(f"{w} {t}s" for w, t in rec.get("timeline") or []))
         best = walls[-1] if best is None else min(best, walls[-1])
         if label == "spawn, full import":
@@ -310,6 +310,11 @@ def suite_cycle(ctx: Ctx) -> None:
     write(ctx.out / "cycle" / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))
     goal("one-cell bench", default <= 15, f"default {default:.1f}s wall, best mode {best:.1f}s (2 rounds, warm; goal <= 15 s)")
+
+
+def _forkserver_line(rec: dict) -> str:
+    fs = (rec.get("env") or {}).get("forkserver") or {}
+    return f"used={fs.get('used')} preloaded={len(fs.get('preload') or [])} {fs.get('why') or ''}".strip()
 
 
 def suite_verify(ctx: Ctx) -> None:
