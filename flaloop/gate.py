@@ -307,6 +307,13 @@ def _baseline_cache(target: Target, contract: Contract, k_expr: str | None, kind
     return target.workspace(contract.op) / "gate" / f"baseline-{key}.json"
 
 
+def _cached_baseline(target: Target, contract: Contract, k_expr: str | None, kind: str) -> dict | None:
+    cached = fsutil.read_json_cache(_baseline_cache(target, contract, k_expr, kind))
+    if isinstance(cached, dict) and isinstance(cached.get("selected"), list):
+        return {**cached, "cached": True}
+    return None
+
+
 def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dict[str, str],
              watch: tuple[str, ...], progress: Progress | None = None,
              timeout: float | None = None, kind: str = "collect", cancel: threading.Event | None = None) -> dict:
@@ -318,10 +325,10 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     fixture decides at run time. The gate asks for it only when the candidate skipped more than
     the markers explain.
     """
+    cached = _cached_baseline(target, contract, k_expr, kind)
+    if cached is not None:
+        return cached
     cache = _baseline_cache(target, contract, k_expr, kind)
-    cached = fsutil.read_json_cache(cache)
-    if isinstance(cached, dict) and isinstance(cached.get("selected"), list):
-        return {**cached, "cached": True}
     package = contract.import_path.split(".")[0]
     with git.worktree(target.root, contract.base_commit, "base") as wt:
         run = run_pytest(target.python, wt, contract.test_file, k_expr=k_expr, env=env, package=package,
@@ -440,9 +447,8 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
                           watch=watch, log_path=log_path, progress=progress, timeout=timeout, workers=n, gpus=gpus,
                           cancel=cancel)
 
-    cached = fsutil.read_json_cache(_baseline_cache(target, contract, k_expr, "collect"))
-    if isinstance(cached, dict) and isinstance(cached.get("selected"), list):
-        base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress, timeout=timeout)
+    base = _cached_baseline(target, contract, k_expr, "collect")
+    if base is not None:
         return base, candidate(min(workers, max(1, len(base["selected"]))) if workers else 0)
     stop = threading.Event()  # the base failed, or the caller was interrupted: both runs end
     box: dict = {}

@@ -242,9 +242,9 @@ class Session:
                 res = next((r for r in self.results if r.status == "ok" and r.probes), None)
                 if res is not None:
                     compared = res.cell.id
+                    wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, res.k,
+                                            "eager" if res.timer == "cuda_eager" else "auto", self.cfg.min_sample_ms)
                     for side, w in pair.items():
-                        wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, res.k,
-                                                "eager" if res.timer == "cuda_eager" else "auto", self.cfg.min_sample_ms)
                         if not w.request("setup", self.cfg.setup_timeout, cell=wire).get("ok"):
                             raise WorkerFailed(side, f"could not set up {res.cell.id} with the real import", "")
                         real = w.request("probe", self.cfg.setup_timeout, cell=res.cell.id)

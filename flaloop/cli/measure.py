@@ -147,7 +147,7 @@ def gate_plan(opts: GateOptions, for_verify: bool = False) -> tuple[int, list[st
     it. Several GPUs: the gate's xdist workers spread over them, and verify keeps the last one for
     the bench, which then runs beside the gate. Unless --workers says, up to 8 workers a GPU and one
     for every two CPU cores; the gate starts no more than the file has tests (a cold FLA gate is
-    compile-bound: on the H200 x2, 13 tests over 8 workers waited on the two that ran two tests).
+    compile-bound: on the H200 x2, 13 tests over 8 workers waited on the five that ran two tests).
     """
     gpus = opts.gpu_list() or evidence.visible_gpus()
     if len(gpus) < 2:

@@ -67,9 +67,10 @@ def short_error(exc: BaseException, limit: int = 1000) -> str:
 
 
 def _exit_now() -> None:
-    """Leave without the interpreter's finalization: a worker has nothing left to save, and tearing
-    down torch, Triton and a CUDA context the slow way took seconds per worker on the H200 (between
-    two rounds, on the critical path of every bench). The driver frees the context on exit."""
+    """Leave without the interpreter's finalization: a worker has nothing left to save. Closing a
+    pair sat in 3.3-3.8 s gaps between rounds of the H200 timeline (2026-11-30), on the critical path
+    of every bench; finalizing torch, Triton and a CUDA context is the likely bulk of it (not yet
+    timed alone). The driver frees the context on exit."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
