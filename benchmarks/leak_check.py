@@ -8,7 +8,8 @@ fwd only, one round. Counted before the first bench (`start`), after a first ben
 warms up caches and lazy imports (`base`), and after N more (`after`):
 
   processes        living processes with this run's private TMPDIR in their environment: the
-                   workers, the fork server, pytest, probes, orphaned or not
+                   workers, pytest, probes, orphaned or not
+  forkservers      warm fork servers the benches left (one is meant to stay: more is a leak)
   fds              open file descriptors of this process
   threads          Python threads of this process
   worktrees        entries of `git worktree list`
@@ -34,17 +35,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-COUNTS = ("processes", "fds", "threads", "worktrees", "tmp_entries")
+COUNTS = ("processes", "forkservers", "fds", "threads", "worktrees", "tmp_entries")
 
 
-def our_processes(tmpdir: str) -> list[int]:
+def our_processes(tmpdir: str, forkservers: bool = False) -> list[int]:
+    """This run's living processes; the warm fork servers it left (meant to stay) only when asked."""
     marker = f"TMPDIR={tmpdir}\0".encode()
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            if marker in Path(f"/proc/{entry}/environ").read_bytes():
+            server = b"--forkserver" in Path(f"/proc/{entry}/cmdline").read_bytes()
+            if marker in Path(f"/proc/{entry}/environ").read_bytes() and server == forkservers:
                 state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
                 if state not in ("Z", "X"):
                     out.append(int(entry))
@@ -58,7 +61,8 @@ def snapshot(target, op: str, tmpdir: str) -> dict:
 
     return {"processes": len(our_processes(tmpdir)), "fds": len(os.listdir("/proc/self/fd")),
             "threads": threading.active_count(), "worktrees": len(git.list_worktrees(target.root)),
-            "tmp_entries": sum(1 for e in os.listdir(tmpdir) if e.startswith("flaloop-")),
+            "tmp_entries": sum(1 for e in os.listdir(tmpdir) if e.startswith("flaloop-") and not e.startswith("flaloop-fs-")),
+            "forkservers": len(our_processes(tmpdir, forkservers=True)),
             "workspace_bytes": workspace.usage(target, op)["total"]}
 
 

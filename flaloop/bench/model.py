@@ -59,9 +59,9 @@ class BenchConfig:
     settle_band: float = 0.01
     # The guard's probes on every cell (docs/GUARD.md); --no-probes is for measuring their cost.
     probes: bool = True
-    # Fork workers from a server that imported the target's libraries once (bench/workers.py).
-    # Opt-in: with every pair started at once the imports already overlap; see docs/BENCHMARKS.md.
-    forkserver: bool = False
+    # Fork workers from a warm server that imported the target's third-party libraries once
+    # (bench/forkservers.py): on the H200 a forked FLA worker is ready in ~0.5 s, a spawned one in 8-17 s.
+    forkserver: bool = True
     # "lean": the op module's parent packages run their __init__ only when asked for a name (FLA's
     # fla/__init__.py imports fla.layers, fla.models and transformers, which the op never needs).
     # Opt-in: a package __init__ with side effects the op depends on is then skipped on both sides.

@@ -2,9 +2,11 @@
 
 A run needs a fresh pair of processes per round (and one for the warm-up when it compiles), and
 each pays the target's import. The pool starts every pair the run is known to need at once, so
-their imports overlap one another and the warm-up, and forks them from a fork server when it
-can (bench/workers.py). A pair is greeted (hello, provenance check) only when its round begins;
-until then its processes wait on their stdin, idle.
+their imports overlap one another and the warm-up, and forks them from a warm fork server when
+one is there for this interpreter, environment and preload list (bench/forkservers.py); a run
+that found none spawns its workers and leaves one behind, preloading what its workers imported.
+A pair is greeted (hello, provenance check) only when its round begins; until then its
+processes wait on their stdin, idle.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import re
 from pathlib import Path
 
 from flaloop import fsutil
-from flaloop.bench.workers import ForkServer, Worker, WorkerFailed
+from flaloop.bench import forkservers
+from flaloop.bench.forkservers import ForkServer
+from flaloop.bench.workers import Worker, WorkerFailed
 from flaloop.errors import MeasurementError, StorageError
 
 SIDES = ("base", "cand")
@@ -45,45 +49,54 @@ class WorkerPool:
         self.preload_file = preload_file
         self.env_extra = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
         self.server: ForkServer | None = None
-        self.forkserver: dict = {"used": False, "why": "not asked for (--forkserver)"}
+        self.forkserver: dict = {"used": False, "why": "not asked for (--no-forkserver)"}
+        self.use_forkserver = use_forkserver
+        self.preload = self._preload()
+        self.seen_preload: set[str] = set()  # third-party modules this run's workers imported
         self.started: list[Worker] = []
         self.ahead: dict[str, tuple[tuple[str, str], dict[str, Worker]]] = {}
         self._n = 0
         if use_forkserver:
-            self._start_server()
+            self._connect_server()
 
     # -- the fork server --
 
     def _preload(self) -> list[str]:
         try:
             names = json.loads(self.preload_file.read_text())
-            return [n for n in names if isinstance(n, str)]
+            return sorted(n for n in names if isinstance(n, str))
         except (OSError, ValueError):
             return ["torch", "triton"]
 
-    def _start_server(self) -> None:
-        preload = self._preload()
-        try:
-            self.server = ForkServer(self.python, {**self.env, **self.env_extra}, self.run_dir / "forkserver.log",
-                                     preload, timeout=self.setup_timeout)
+    def _connect_server(self) -> None:
+        self.server = ForkServer.connect(self.python, self.env, self.preload)
+        if self.server is not None:
             ready = self.server.ready
             self.forkserver = {"used": True, "why": "", "preload": ready.get("preload"), "pid": ready.get("pid")}
-        except (OSError, RuntimeError) as exc:
-            self.server = None
-            self.forkserver = {"used": False, "why": str(exc)}
+        else:
+            self.forkserver = {"used": False, "why": "no fork server was warm for this interpreter, environment "
+                                                     "and preload: spawned (one is left for the next run)"}
 
     def fall_back(self, why: str) -> None:
         """Stop forking: every later worker is spawned (a forked child could not run, say)."""
         if self.server is not None:
             self.server.close()
             self.server = None
+        self.use_forkserver = False  # and leave none behind
         self.forkserver = {**self.forkserver, "used": False, "why": why}
 
-    def remember_preload(self, hellos: list[dict]) -> None:
-        names = sorted({m for h in hellos for m in (h.get("preload") or [])})
-        if names:
+    def _leave_server(self) -> None:
+        """Keep the third-party modules this run's workers imported beyond the preload, and leave a
+        fork server preloading them all for the next run unless the one used has exactly that key."""
+        if not self.use_forkserver or (self.server is None and not self.seen_preload):
+            return
+        names = sorted(set(self.preload) | self.seen_preload)
+        if names != self.preload:
             with contextlib.suppress(StorageError):  # a cache: the next run just preloads less
                 fsutil.atomic_write_json(self.preload_file, names, indent=None)
+        if self.server is None or names != self.preload:
+            path = forkservers.start(self.python, self.env, names)
+            self.forkserver["left_warm"] = str(path) if path else None
 
     # -- pairs --
 
@@ -113,6 +126,7 @@ class WorkerPool:
             w = pair[side]
             w.hello = w.request("hello", self.setup_timeout)
             hellos[side] = w.hello
+            self.seen_preload.update(m for m in (w.hello.get("preload") or []) if isinstance(m, str))
             if not w.hello.get("ok"):
                 tb = w.hello.get("traceback", "")
                 raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}"
@@ -163,7 +177,7 @@ class WorkerPool:
         """Every process of ours that may hold the GPU (idle evidence must not count them)."""
         out = [w.proc.pid for w in self.started]
         if self.server is not None:
-            out.append(self.server.p.pid)
+            out.append(self.server.pid)
         return out
 
     @staticmethod
@@ -177,6 +191,7 @@ class WorkerPool:
                 w.close()
             except OSError:
                 pass
+        self._leave_server()
         if self.server is not None:
             self.server.close()
             self.server = None

@@ -165,7 +165,6 @@ class Session:
                     self._prime(_cache_entries(cache) - entries)
                     if self.primed:
                         self._mark("primed: fresh workers ready")
-                    self.pool.remember_preload(list(self.hellos[-1].values()))
                     todo = self._round_cells(0)
                 for res in todo:
                     if self._blocked_run():
@@ -189,6 +188,8 @@ class Session:
                 elif res.status == "ok" and len(res.kept) < 6:
                     res.status = "failed"
                     res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
+        if self.pool is not None and self.env_info:
+            self.env_info["forkserver"] = self.pool.forkserver  # as it stands after the pool closed
         self._mark("done")
         self.on_event("done")
 

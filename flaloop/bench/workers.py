@@ -1,11 +1,11 @@
 """Worker processes seen from the orchestrator: how they come to exist and how we talk to them.
 
 A `Worker` speaks JSON lines over pipes (flaloop/bench/worker/protocol.py). It runs either as a
-plain subprocess of the target's interpreter, or as a child forked by a `ForkServer` that
-imported torch and the target's third-party libraries once (flaloop/bench/worker/forkserver.py):
-with FLA that turns a 16-19 s import per process into the import of FLA's own modules. The fork
-server is an optimisation only: when it cannot start, or a forked child cannot use the GPU, the
-session falls back to plain subprocesses and says so in the run record.
+plain subprocess of the target's interpreter, or as a child forked by a warm fork server that
+imported torch and the target's third-party libraries once (bench/forkservers.py): with FLA
+that turns a 16-19 s import per process into the import of FLA's own modules. The fork server
+is an optimisation only: when none is warm, or a forked child cannot use the GPU, the session
+spawns plain subprocesses and says so in the run record.
 
 Every worker is the leader of its own process group, dies with its parent (parent-death signal
 for spawned ones, a watchdog thread in the worker for all), and is killed group-wide on close
@@ -19,15 +19,18 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flaloop import procs
 from flaloop.errors import MeasurementError
 from flaloop.procs import kill_group
+
+if TYPE_CHECKING:
+    from flaloop.bench.forkservers import ForkServer
 
 WORKER = Path(__file__).parent / "worker" / "__main__.py"
 
@@ -59,88 +62,6 @@ class SpawnedProc:
 
     def kill(self) -> None:
         kill_group(self.pid, lambda: self.p.poll() is None, lambda t: self.wait(t) is not None)
-
-
-class ForkServer:
-    """One fork server per session (see flaloop/bench/worker/forkserver.py)."""
-
-    def __init__(self, python: str, env: dict, log_path: Path, preload: list[str], timeout: float = 600.0):
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._lock = threading.Lock()
-        self.log = open(log_path, "w")  # noqa: SIM115 - closed in close()
-        # thousands of module names: a file, not the command line (ARG_MAX)
-        listing = log_path.with_name("forkserver-preload.txt")
-        listing.write_text("\n".join(preload))
-        argv = [python, "-u", str(WORKER), "--forkserver", str(theirs.fileno()), "--preload", str(listing)]
-        self.p = procs.spawn(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
-                             pass_fds=(theirs.fileno(),))
-        theirs.close()
-        self.sock.settimeout(timeout)
-        try:
-            self.ready = json.loads(self.sock.recv(1 << 20).decode() or "{}")
-        except (OSError, ValueError) as exc:
-            self.close()
-            raise RuntimeError(f"the fork server did not start: {exc}") from exc
-        finally:
-            self.sock.settimeout(None)
-        if not self.ready.get("ok"):
-            self.close()
-            raise RuntimeError(f"the fork server did not start: {self.ready}")
-        if self.ready.get("cuda_initialized"):
-            self.close()
-            raise RuntimeError("a preloaded library initialised CUDA in the fork server: children could not use it")
-
-    def _ask(self, req: dict, fds: list[int] | None = None) -> dict:
-        with self._lock:
-            data = json.dumps(req).encode()
-            if fds:
-                socket.send_fds(self.sock, [data], fds)
-            else:
-                self.sock.send(data)
-            reply = self.sock.recv(1 << 20)
-        if not reply:
-            raise RuntimeError("the fork server is gone")
-        return json.loads(reply.decode())
-
-    def spawn(self, argv: list[str], cwd: Path, env: dict | None, log) -> ForkedProc:
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        try:
-            reply = self._ask({"cmd": "spawn", "argv": argv, "cwd": str(cwd), "env": env or {}},
-                              [in_r, out_w, log.fileno()])
-        finally:
-            os.close(in_r)
-            os.close(out_w)
-        if not reply.get("ok"):
-            os.close(in_w)
-            os.close(out_r)
-            raise RuntimeError(f"the fork server could not fork: {reply.get('error')}")
-        return ForkedProc(self, reply["pid"], os.fdopen(in_w, "w", buffering=1), os.fdopen(out_r, "r"))
-
-    def returncode(self, pid: int) -> int | None:
-        try:
-            return self._ask({"cmd": "status", "pid": pid}).get("returncode")
-        except (OSError, RuntimeError, ValueError):
-            return None
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        if self.p.poll() is None:
-            try:
-                self.p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                kill_group(self.p.pid, lambda: self.p.poll() is None,
-                           lambda t: _wait_popen(self.p, t))
-        self.log.close()
-
-
-def _wait_popen(p: subprocess.Popen, t: float) -> bool:
-    try:
-        p.wait(timeout=t)
-        return True
-    except subprocess.TimeoutExpired:
-        return False
 
 
 def _alive(pid: int) -> bool:
@@ -199,7 +120,7 @@ class Worker:
         self.forked = server is not None
         try:
             if server is not None:
-                self.proc = server.spawn(args, tree, env_extra, self._log)
+                self.proc = server.spawn(args, tree, {**(env or os.environ), **(env_extra or {})}, self._log)
             else:
                 self.proc = SpawnedProc([python, "-u", str(WORKER), *args], tree,
                                         {**(env or {}), **(env_extra or {})} if env is not None else None, self._log)

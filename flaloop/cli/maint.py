@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from flaloop import workspace
+from flaloop.bench import forkservers
 from flaloop.cli.app import JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, emit_json, human, with_options
 from flaloop.target import Target
 
@@ -28,7 +29,8 @@ def clean_cmd(
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Remove old run records and gate logs; keep the newest N and every one an iteration or report cites."""
+    """Remove old run records and gate logs; keep the newest N and every one an iteration or report cites.
+    Also stops this user's warm fork servers (they start again with the next bench)."""
     target = Target.discover(repo, python)
     console = human(as_json)
     if not target.workspace(op).is_dir():  # before the lock, which would create the workspace
@@ -37,14 +39,17 @@ def clean_cmd(
         before = workspace.usage(target, op)
         plan = workspace.clean(target, op, keep, dry_run)
         after = workspace.usage(target, op)
+    stopped = 0 if dry_run else forkservers.stop_all()
     if as_json:
         emit_json({"ok": True, "op": op, "dry_run": dry_run, **plan.to_dict(), "usage_before": before,
-                   "usage": after})
+                   "usage": after, "forkservers_stopped": stopped})
         return
     verb = "would remove" if dry_run else "removed"
     console.print(f"{verb} {len(plan.removed)} run record(s) and gate log(s) ({_mb(plan.freed_bytes)}); "
                   f"kept {len(plan.kept)}, {len(plan.cited)} of them cited by an iteration or the report")
     for rel in plan.removed if dry_run else []:
         console.print(f"  {rel}")
+    if stopped:
+        console.print(f"stopped {stopped} warm fork server(s)")
     console.print("workspace: " + ", ".join(f"{area} {_mb(after[area])}" for area in (*workspace.AREAS, "other"))
                   + f"; total {_mb(after['total'])}")

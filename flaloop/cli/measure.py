@@ -95,8 +95,10 @@ class BenchOptions:
                          "__init__ only when asked for a name (faster starts; a real import beside the run "
                          "must show the same numeric settings, else the run is blocked).")] = "full"
     forkserver: Annotated[bool, typer.Option(
-        "--forkserver", help="Fork the workers from a server that imported the target's third-party libraries "
-                             "once (default: spawn each; see docs/BENCHMARKS.md for what it saves).")] = False
+        "--forkserver/--no-forkserver",
+        help="Fork the workers from a warm server that imported the target's third-party libraries once; a "
+             "run that finds none spawns them and leaves one (idle exit after FLALOOP_FORKSERVER_IDLE_S, "
+             "default 1200 s; `flaloop clean` stops it).")] = True
 
     def shape_list(self) -> list[str] | None:
         return [s for item in (self.shapes or []) for s in item.split(",") if s] or None

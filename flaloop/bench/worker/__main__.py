@@ -23,8 +23,8 @@ def _load_package():
 
 def _arm_lifeline() -> None:
     """Exit when flaloop is gone, from the first instant (importing torch takes seconds): see
-    flaloop/probes/flaloop_lifeline.py. A forked worker arms it right after the fork (the fork
-    server itself runs no thread: it dies by its parent-death signal and when its socket closes)."""
+    flaloop/probes/flaloop_lifeline.py. A forked worker arms it right after the fork, watching the
+    flaloop process named in its environment (the fork server runs no thread and outlives runs)."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
                         'probes', 'flaloop_lifeline.py')
     spec = importlib.util.spec_from_file_location('_flaloop_lifeline', path)
@@ -35,20 +35,22 @@ def _arm_lifeline() -> None:
 
 
 def _forkserver(argv) -> int:
-    # __main__.py --forkserver FD [--preload FILE (one module name a line)]: see forkserver.py
-    fd = int(argv[1])
+    # __main__.py --forkserver PATH --preload FILE (one module name a line) --key KEY --idle S:
+    # see forkserver.py
+    path = argv[1]
+    opts = dict(zip(argv[2::2], argv[3::2], strict=False))
     names = []
-    if len(argv) > 3 and argv[2] == '--preload':
-        with open(argv[3], encoding='utf-8') as f:
+    if opts.get('--preload'):
+        with open(opts['--preload'], encoding='utf-8') as f:
             names = [line.strip() for line in f if line.strip()]
     server = _load_package()
     forkserver = importlib.import_module(f'{PACKAGE}.forkserver')
 
     def entry(proto, args):
-        _arm_lifeline()  # in the forked child: its parent is the fork server
+        _arm_lifeline()  # in the forked child: it watches the flaloop that asked for it
         return server.main(proto, args)
 
-    return forkserver.serve(fd, names, entry)
+    return forkserver.serve(path, names, entry, key=opts.get('--key', ''), idle_s=float(opts.get('--idle', 900)))
 
 
 if __name__ == '__main__':

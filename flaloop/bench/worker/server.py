@@ -61,6 +61,11 @@ class Worker:
         self.registry_file = os.path.realpath(a.registry)
         if not os.path.isdir(self.tree):
             raise FileNotFoundError(f'tree {self.tree} is not a directory')
+        early = [m for m, mod in list(sys.modules.items()) if not m.startswith('_flaloop')
+                 and isinstance(getattr(mod, '__file__', None), str) and os.path.isabs(mod.__file__)
+                 and os.path.realpath(mod.__file__).startswith(self.tree + os.sep)]
+        if early:  # a fork server's preload reached into the tree: a stale copy of its code
+            raise RuntimeError(f'modules of the tree were loaded before the worker started: {sorted(early)[:5]}')
         if a.workdir:
             os.makedirs(a.workdir, exist_ok=True)
             os.chdir(a.workdir)
@@ -130,6 +135,7 @@ class Worker:
             device_name = platform.processor() or platform.machine() or 'cpu'
             device_uuid = None
         package = self.cfg.import_path.split('.')[0]
+        forked = getattr(sys.modules.get(f'{__package__}.forkserver'), 'FORKED_WITH', frozenset())
         return {
             'side': self.side,
             'op': self.cfg.name,
@@ -153,7 +159,9 @@ class Worker:
             'import_mode': self.args.import_mode,
             'lazy_packages_ran': list(LAZY_RAN),
             'watched': len(self.watch),
-            'preload': [m for m in loaded_outside(self.tree) if m.split('.')[0] != package],
+            # third-party modules a fork server could import ahead next time (beyond what it had)
+            'preload': [m for m in loaded_outside(self.tree) if m.split('.')[0] != package and m not in forked],
+            'forked': bool(forked),
             'numeric_at_import': probes.numeric_settings(),
         }
 

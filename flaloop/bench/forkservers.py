@@ -1,0 +1,220 @@
+"""Warm fork servers, seen from the orchestrator: found by key, started detached, stopped by `clean`.
+
+A fork server (flaloop/bench/worker/forkserver.py) imports torch and the target's third-party
+libraries once and forks fresh worker processes from then on. It outlives the run that started
+it, so the next bench of the loop forks its workers in half a second instead of paying a 5-19 s
+import in each. It is found by a Unix socket whose name is a key over everything its imports
+depend on: the interpreter, the environment and the list of modules to preload. flaloop's worker
+code is among the files the server imported, and the server checks those files at every
+connection, so an edit of flaloop, torch or any preloaded library retires it.
+
+A run never waits for a server to start: with none warm for its key it spawns its workers as
+before and starts one, detached, as it ends (`start`), with the modules its workers imported.
+The server exits after FLALOOP_FORKSERVER_IDLE_S seconds without a connection (default 1200),
+and `flaloop clean` stops every one of the user's (`stop_all`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from flaloop import fsutil
+
+WORKER = Path(__file__).parent / "worker" / "__main__.py"
+IDLE_ENV = "FLALOOP_FORKSERVER_IDLE_S"
+DIR_ENV = "FLALOOP_FORKSERVER_DIR"  # where the sockets live (default: a private dir in the temp dir)
+IDLE_DEFAULT_S = 1200.0
+# Set per shell or per flaloop run, read by no library at import: not part of the key.
+VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID"})
+
+
+def socket_dir() -> Path:
+    """The user's private directory for fork server sockets (short: a socket path has ~100 bytes)."""
+    if os.environ.get(DIR_ENV):
+        d = Path(os.environ[DIR_ENV])
+    else:
+        base = tempfile.gettempdir()
+        d = Path(base if len(base) <= 60 else "/tmp") / f"flaloop-fs-{os.getuid()}"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = d.lstat()
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(d, 0o700)
+        st = d.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"{d} is not a private directory of this user: no fork server")
+    return d
+
+
+def key(python: str, env: dict, preload: list[str]) -> str:
+    try:
+        st = os.stat(python)
+        interp = [os.path.realpath(python), st.st_mtime_ns, st.st_size]
+    except OSError:
+        interp = [python]
+    items = sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)
+    return hashlib.sha256(json.dumps([interp, items, sorted(preload)]).encode()).hexdigest()[:24]
+
+
+def socket_path(k: str) -> Path:
+    return socket_dir() / f"fs-{k}.sock"
+
+
+def idle_seconds() -> float:
+    try:
+        return max(1.0, float(os.environ.get(IDLE_ENV, IDLE_DEFAULT_S)))
+    except ValueError:
+        return IDLE_DEFAULT_S
+
+
+class ForkServer:
+    """A connection to a warm fork server (closing it leaves the server running)."""
+
+    def __init__(self, sock: socket.socket, ready: dict, path: Path):
+        self.sock, self.ready, self.path = sock, ready, path
+        self.pid = ready.get("pid")
+        self._lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, python: str, env: dict, preload: list[str], timeout: float = 10.0) -> ForkServer | None:
+        """The warm server for this key, or None (none runs, or it was stale and has retired)."""
+        k = key(python, env, preload)
+        try:
+            path = socket_path(k)
+        except (OSError, RuntimeError):
+            return None
+        if not path.exists():
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+            ready = json.loads(sock.recv(1 << 20).decode() or "{}")
+        except (OSError, ValueError):
+            sock.close()
+            with contextlib.suppress(OSError):  # a socket nobody serves any more
+                if not _serving(path):
+                    path.unlink()
+            return None
+        sock.settimeout(None)
+        if not ready.get("ok") or ready.get("key") != k:
+            sock.close()
+            return None
+        return cls(sock, ready, path)
+
+    def _ask(self, req: dict, fds: list[int] | None = None) -> dict:
+        with self._lock:
+            data = json.dumps(req).encode()
+            if fds:
+                socket.send_fds(self.sock, [data], fds)
+            else:
+                self.sock.send(data)
+            reply = self.sock.recv(1 << 20)
+        if not reply:
+            raise RuntimeError("the fork server is gone")
+        return json.loads(reply.decode())
+
+    def spawn(self, argv: list[str], cwd: Path, env: dict, log):
+        """A forked worker with exactly `env` as its environment, watching this flaloop process."""
+        from flaloop.bench.workers import ForkedProc
+
+        env = {**env, "FLALOOP_LIFELINE": "1", "FLALOOP_LIFELINE_PID": str(os.getpid())}
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            reply = self._ask({"cmd": "spawn", "argv": argv, "cwd": str(cwd), "env": env},
+                              [in_r, out_w, log.fileno()])
+        except (OSError, ValueError) as exc:
+            os.close(in_w)
+            os.close(out_r)
+            raise RuntimeError(f"the fork server could not fork: {exc}") from exc
+        finally:
+            os.close(in_r)
+            os.close(out_w)
+        if not reply.get("ok"):
+            os.close(in_w)
+            os.close(out_r)
+            raise RuntimeError(f"the fork server could not fork: {reply.get('error')}")
+        return ForkedProc(self, reply["pid"], os.fdopen(in_w, "w", buffering=1), os.fdopen(out_r, "r"))
+
+    def returncode(self, pid: int) -> int | None:
+        try:
+            return self._ask({"cmd": "status", "pid": pid}).get("returncode")
+        except (OSError, RuntimeError, ValueError):
+            return None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _serving(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(2.0)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def start(python: str, env: dict, preload: list[str]) -> Path | None:
+    """Start a fork server for this key, detached (it outlives this flaloop); don't wait for it.
+    Its own session, no parent-death signal: the one child of flaloop that is meant to stay."""
+    k = key(python, env, preload)
+    try:
+        d = socket_dir()
+        listing = d / f"fs-{k}.preload"
+        fsutil.atomic_write_text(listing, "\n".join(preload) + "\n")
+        log = open(d / f"fs-{k}.log", "w")  # noqa: SIM115 - handed to the child
+    except (OSError, RuntimeError):
+        return None
+    server_env = {n: v for n, v in env.items() if n not in ("FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID")}
+    try:
+        subprocess.Popen([python, "-u", str(WORKER), "--forkserver", str(d / f"fs-{k}.sock"), "--preload",
+                          str(listing), "--key", k, "--idle", str(idle_seconds())],
+                         env=server_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(d),
+                         start_new_session=True, close_fds=True)
+    except OSError:
+        return None
+    finally:
+        log.close()
+    return d / f"fs-{k}.sock"
+
+
+def stop_all() -> int:
+    """Ask every fork server of this user to exit; how many were asked."""
+    try:
+        d = socket_dir()
+    except (OSError, RuntimeError):
+        return 0
+    n = 0
+    for path in d.glob("fs-*.sock"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(5.0)
+        try:
+            s.connect(str(path))
+            s.recv(1 << 20)  # the greeting
+            s.send(json.dumps({"cmd": "exit"}).encode())
+            s.recv(1 << 20)
+            n += 1
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        finally:
+            s.close()
+    for f in list(d.glob("fs-*.preload")) + list(d.glob("fs-*.log")):
+        if not (d / (f.name.rsplit(".", 1)[0] + ".sock")).exists():
+            with contextlib.suppress(OSError):
+                f.unlink()
+    return n

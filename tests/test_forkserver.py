@@ -1,0 +1,117 @@
+"""The warm fork server: a bench that found none spawns its workers and leaves one; the next forks
+from it; its forked workers die with the flaloop that asked for them; an edited library retires
+it; `flaloop clean` stops it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import alive, edit, flaloop, wait_for
+
+from flaloop.bench import forkservers
+
+FAST = Path("toyop/ops/toy/fast.py")
+QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20", "--modes", "fwd"]
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def test_the_next_bench_forks_from_the_server_the_first_left_and_clean_stops_it(toy):
+    first = flaloop(toy, "bench", "toy_attn", "--aa", "--json", *QUICK)
+    assert first.code == 0, first.stderr[-3000:]
+    fs = first.json["env"]["forkserver"]
+    assert fs["used"] is False and "spawned (one is left for the next run)" in fs["why"]
+    sock = Path(fs["left_warm"])
+    assert wait_for(sock.exists, 120), "no fork server came up"
+    second = flaloop(toy, "bench", "toy_attn", "--aa", "--json", *QUICK)
+    assert second.code == 0, second.stderr[-3000:]
+    fs2 = second.json["env"]["forkserver"]
+    assert fs2["used"] is True and fs2["preload"]["n"] >= 2 and not fs2["preload"]["failed"]
+    assert all(c["status"] == "ok" and c.get("estimate") for c in second.json["cells"]), second.json["cells"]
+    server = fs2["pid"]
+    assert alive(server) and not children(server), "the server outlives the run, its workers do not"
+    cleaned = flaloop(toy, "clean", "toy_attn", "--json")
+    assert cleaned.code == 0 and cleaned.json["forkservers_stopped"] == 1
+    assert wait_for(lambda: not alive(server), 10) and not sock.exists()
+
+
+def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
+    gate = tmp_path / "sleep-now"
+    edit(toy / FAST, "    scale = q.shape",
+         "    import os, time\n"
+         f"    while os.path.exists({str(gate)!r}):\n"
+         "        time.sleep(0.2)\n"
+         "    scale = q.shape")
+    warm = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1")
+    assert warm.code == 0, warm.stderr[-3000:]
+    sock = Path(warm.json["env"]["forkserver"]["left_warm"])
+    assert wait_for(sock.exists, 120)
+    gate.write_text("sleep")
+    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "bench", "toy_attn", *QUICK], cwd=toy,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "TRITON_INTERPRET": "1"})
+    server = None
+    try:
+        def forked() -> list[int]:
+            nonlocal server
+            for p in Path("/proc").glob("[0-9]*"):
+                try:
+                    if b"--forkserver" in (p / "cmdline").read_bytes() and str(sock).encode() in (p / "cmdline").read_bytes():
+                        server = int(p.name)
+                        return children(server)
+                except OSError:
+                    continue
+            return []
+        assert wait_for(lambda: len(forked()) >= 2, 90), "no forked workers"
+        workers = forked()
+        proc.kill()  # SIGKILL: no cleanup at all
+        proc.wait()
+        assert wait_for(lambda: not [w for w in workers if alive(w)], 10), "a forked worker outlived flaloop"
+        assert alive(server)
+    finally:
+        gate.unlink(missing_ok=True)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_an_edited_library_retires_the_server_and_stop_all_stops_the_rest(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "toylib_fs.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONPATH": f"{lib}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    preload = ["json", "toylib_fs"]
+    path = forkservers.start(sys.executable, env, preload)
+    assert path is not None
+
+    def up():
+        return forkservers.ForkServer.connect(sys.executable, env, preload)
+
+    assert wait_for(lambda: path.exists(), 120)
+    conn = up()
+    assert conn is not None and conn.ready["preload"]["failed"] == {}
+    pid = conn.pid
+    conn.close()
+    time.sleep(0.05)
+    (lib / "toylib_fs.py").write_text("VALUE = 2  # edited\n")
+    assert up() is None  # stale: it says so, and exits
+    assert wait_for(lambda: not alive(pid), 10) and not path.exists()
+    # another environment is another server; stop_all stops it
+    path2 = forkservers.start(sys.executable, {**env, "SOME_SETTING": "1"}, preload)
+    assert path2 != path and wait_for(path2.exists, 120)
+    conn2 = forkservers.ForkServer.connect(sys.executable, {**env, "SOME_SETTING": "1"}, preload)
+    pid2 = conn2.pid
+    conn2.close()
+    assert forkservers.stop_all() >= 1
+    assert wait_for(lambda: not alive(pid2), 10)
