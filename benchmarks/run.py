@@ -285,31 +285,37 @@ def aa_goal(aa: list[dict], source: str) -> None:
 
 
 def suite_cycle(ctx: Ctx) -> None:
-    """One cell, 2 rounds, warm: the wall time of `flaloop bench` with each way of starting workers."""
+    """One cell, 2 rounds, warm: the wall time of `flaloop bench` with each way of starting workers.
+    Each mode runs until it is warm: the first run finds no fork server for its key and leaves one,
+    the next may leave one that preloads more, the third forks from a settled one."""
     repo = fla_copy(ctx, "cycle")
     init(ctx, repo, [SMALL], modes="fwd")
     env = ctx.env(gpus=ctx.gpus[-1:])
-    run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json"], ctx.out / "cycle" / "compile", env=env)
-    lines, best = [], None
-    for label, flags in (("spawn, full import", []), ("spawn, lean import", ["--import", "lean"]),
-                         ("fork server, lean import", ["--import", "lean", "--forkserver"])):
+    run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json", "--no-forkserver"], ctx.out / "cycle" / "compile",
+        env=env)
+    lines, walls_by = [], {}
+    for label, flags, n in (("default: fork server, full import", [], 3),
+                            ("spawn, full import", ["--no-forkserver"], 1),
+                            ("fork server, lean import", ["--import", "lean"], 3)):
         walls = []
-        for i in range(2 if "--forkserver" in flags else 1):  # the fork server's first run learns its preload
+        for i in range(n):
             _, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json", *flags],
-                               ctx.out / "cycle" / f"{label.replace(' ', '').replace(',', '-')}{i}", env=env)
+                               ctx.out / "cycle" / f"{label.split(':')[0].replace(' ', '').replace(',', '-')}{i}", env=env)
             rec = record_of(doc) or {}
             walls.append(wall)
-        imports = [round(max(v or 0 for v in r.values()), 1) for r in rec.get("import_s") or []]
-        lines.append(f"{label}: {walls[-1]:.1f}s wall (first {walls[0]:.1f}s), slowest import per round {imports}, "
-                     f"inner {rec.get('wall_s')}s, verdict {[c.get('verdict') for c in rec.get('cells') or []]}, "
-                     f"fork server {_forkserver_line(rec)}, lean check {rec.get('lean_check')}")
-        lines.append("    timeline: " + ", ".join(f"{w} {t}s" for w, t in rec.get("timeline") or []))
-        best = walls[-1] if best is None else min(best, walls[-1])
-        if label == "spawn, full import":
-            default = walls[-1]
+            imports = [round(max(v or 0 for v in r.values()), 1) for r in rec.get("import_s") or []]
+            lines.append(f"{label} #{i + 1}: {wall:.1f}s wall, slowest import per round {imports}, inner "
+                         f"{rec.get('wall_s')}s, verdict {[c.get('verdict') for c in rec.get('cells') or []]}, "
+                         f"fork server {_forkserver_line(rec)}, lean check {rec.get('lean_check')}")
+            lines.append("    timeline: " + ", ".join(f"{w} {t}s" for w, t in rec.get("timeline") or []))
+        walls_by[label] = walls
     write(ctx.out / "cycle" / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))
-    goal("one-cell bench", default <= 15, f"default {default:.1f}s wall, best mode {best:.1f}s (2 rounds, warm; goal <= 15 s)")
+    default = walls_by["default: fork server, full import"][-1]
+    best = min(w[-1] for w in walls_by.values())
+    goal("one-cell bench", default <= 15,
+         f"default {default:.1f}s wall when warm (runs {walls_by['default: fork server, full import']}), best mode "
+         f"{best:.1f}s, spawned {walls_by['spawn, full import'][-1]:.1f}s (2 rounds, warm; goal <= 15 s)")
 
 
 def _forkserver_line(rec: dict) -> str:
@@ -318,21 +324,26 @@ def _forkserver_line(rec: dict) -> str:
 
 
 def suite_verify(ctx: Ctx) -> None:
+    """flaloop verify (defaults, as a user types it; an A/A too: the working tree is HEAD) against
+    FLA's verify. The first of ours compiles the gate's kernels and leaves a fork server; the
+    second, warm like FLA's, is the one compared."""
     repo = fla_copy(ctx, "verify")
     init(ctx, repo, SHAPES)
     env = ctx.env()
-    run(ctx, ["gate", OP, "--repo", str(repo), "--json"], ctx.out / "verify" / "gate-warmup", env=env)
-    # flaloop's defaults, as a user types it: an A/A too (the working tree is HEAD)
-    _, ours, doc = run(ctx, ["verify", OP, "--repo", str(repo), "--base", "HEAD", "--json", "--regate"],
-                       ctx.out / "verify" / "flaloop", env=env)
+    walls = []
+    for i in range(2):
+        _, ours, doc = run(ctx, ["verify", OP, "--repo", str(repo), "--base", "HEAD", "--json", "--regate"],
+                           ctx.out / "verify" / f"flaloop{i}", env=env)
+        walls.append(ours)
     rec = record_of(doc) or {}
     _, theirs, _ = run(ctx, [sys.executable, "-m", "benchmarks.ops.verify", "--op", OP, "--base", "HEAD"],
                        ctx.out / "verify" / "fla", cwd=repo, env={**env, "PYTHONPATH": str(repo)}, flaloop=False)
-    lines = [f"flaloop verify {ours:.1f}s (gate {((doc or {}).get('gate') or {}).get('wall_s')}s), FLA verify {theirs:.1f}s"]
+    lines = [f"flaloop verify {ours:.1f}s warm (first {walls[0]:.1f}s; gate {((doc or {}).get('gate') or {}).get('wall_s')}s, "
+             f"fork server {_forkserver_line(rec)}), FLA verify {theirs:.1f}s"]
     lines += cells_line(rec)
+    lines.append("    timeline: " + ", ".join(f"{w} {t}s" for w, t in rec.get("timeline") or []))
     write(ctx.out / "verify" / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))
-    lines.append("    timeline: " + ", ".join(f"{w} {t}s" for w, t in rec.get("timeline") or []))
     goal("verify", ours <= theirs, f"flaloop {ours:.1f}s vs FLA {theirs:.1f}s, 12 cells, warm, {len(ctx.gpus)} GPU(s) "
                                    "(aim: half)")
     aa_goal(rec.get("cells") or [], "verify --base HEAD, defaults")
