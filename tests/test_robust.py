@@ -57,9 +57,11 @@ def test_signals_during_cleanup_cannot_leave_a_worker_or_worktree_behind(toy, tm
     # signal aborted the cleanup the first had started, and a worker ran on with its parent gone.
     sleepy(toy)
     mark = tmp_path / "mark"
-    proc = start(toy, "bench", "toy_attn", "--json", *QUICK, env={"TOY_MARK": str(mark), "TOY_SLEEP": "120"})
+    # spawned workers (forked ones are flaloop's grandchildren: tests/test_forkserver.py)
+    proc = start(toy, "bench", "toy_attn", "--json", "--no-forkserver", *QUICK,
+                 env={"TOY_MARK": str(mark), "TOY_SLEEP": "120"})
     assert wait_for(lambda: marked(mark), 90), "the candidate never reached its warm-up"
-    workers = descendants(proc.pid)  # the fork server, and the workers (forked or spawned)
+    workers = descendants(proc.pid)
     tree = [w for w in worktrees(toy) if w != str(toy)]
     assert len(workers) >= 2 and len(tree) == 1
     proc.send_signal(signal.SIGTERM)
@@ -80,7 +82,7 @@ def test_signals_during_cleanup_cannot_leave_a_worker_or_worktree_behind(toy, tm
 def test_flaloop_killed_outright_takes_its_workers_and_the_next_run_removes_its_worktree(toy, tmp_path):
     sleepy(toy)
     mark = tmp_path / "mark"
-    proc = start(toy, "bench", "toy_attn", *QUICK, env={"TOY_MARK": str(mark), "TOY_SLEEP": "120"})
+    proc = start(toy, "bench", "toy_attn", "--no-forkserver", *QUICK, env={"TOY_MARK": str(mark), "TOY_SLEEP": "120"})
     assert wait_for(lambda: marked(mark), 90)
     workers = descendants(proc.pid)
     assert len(workers) >= 2

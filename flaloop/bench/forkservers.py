@@ -33,8 +33,11 @@ WORKER = Path(__file__).parent / "worker" / "__main__.py"
 IDLE_ENV = "FLALOOP_FORKSERVER_IDLE_S"
 DIR_ENV = "FLALOOP_FORKSERVER_DIR"  # where the sockets live (default: a private dir in the temp dir)
 IDLE_DEFAULT_S = 1200.0
-# Set per shell or per flaloop run, read by no library at import: not part of the key.
-VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID"})
+# Set per shell, per test or per flaloop run, read by no library at import: not part of the key
+# (every other variable is: an unknown one costs a server start, never a stale import).
+VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST",
+                          "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID"})
+MAX_SERVERS = 4  # per user: each holds torch and friends in memory; the least recently used goes
 
 
 def socket_dir() -> Path:
@@ -108,6 +111,8 @@ class ForkServer:
         if not ready.get("ok") or ready.get("key") != k:
             sock.close()
             return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # last used: the server kept longest when there are too many
         return cls(sock, ready, path)
 
     def _ask(self, req: dict, fds: list[int] | None = None) -> dict:
@@ -174,6 +179,7 @@ def start(python: str, env: dict, preload: list[str]) -> Path | None:
     k = key(python, env, preload)
     try:
         d = socket_dir()
+        _make_room(d, MAX_SERVERS - 1)
         listing = d / f"fs-{k}.preload"
         fsutil.atomic_write_text(listing, "\n".join(preload) + "\n")
         log = open(d / f"fs-{k}.log", "w")  # noqa: SIM115 - handed to the child
@@ -192,27 +198,40 @@ def start(python: str, env: dict, preload: list[str]) -> Path | None:
     return d / f"fs-{k}.sock"
 
 
+def _make_room(d: Path, keep: int) -> None:
+    """Stop the least recently used servers beyond `keep`."""
+    socks = []
+    for p in d.glob("fs-*.sock"):
+        with contextlib.suppress(OSError):
+            socks.append((p.stat().st_mtime, p))
+    for _, path in sorted(socks, reverse=True)[keep:]:
+        _stop(path)
+
+
+def _stop(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5.0)
+    try:
+        s.connect(str(path))
+        s.recv(1 << 20)  # the greeting
+        s.send(json.dumps({"cmd": "exit"}).encode())
+        s.recv(1 << 20)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return False
+    finally:
+        s.close()
+
+
 def stop_all() -> int:
     """Ask every fork server of this user to exit; how many were asked."""
     try:
         d = socket_dir()
     except (OSError, RuntimeError):
         return 0
-    n = 0
-    for path in d.glob("fs-*.sock"):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        s.settimeout(5.0)
-        try:
-            s.connect(str(path))
-            s.recv(1 << 20)  # the greeting
-            s.send(json.dumps({"cmd": "exit"}).encode())
-            s.recv(1 << 20)
-            n += 1
-        except OSError:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        finally:
-            s.close()
+    n = sum(_stop(path) for path in d.glob("fs-*.sock"))
     for f in list(d.glob("fs-*.preload")) + list(d.glob("fs-*.log")):
         if not (d / (f.name.rsplit(".", 1)[0] + ".sock")).exists():
             with contextlib.suppress(OSError):
