@@ -596,7 +596,10 @@ FINAL = [[["machine", "cycle", "faults"], ["loop", "profile", "report"]], [["gat
 # so no other lane grows the shared Triton cache), the slowdown (which also compiles every cell's
 # kernels), then verify against FLA's, whose flaloop side is also the 12-cell A/A.
 CYCLE = [[["machine", "cycle"]], [["slowdown"]], [["verify"]]]
-PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE,
+# verify against FLA's, alone: its first run compiles the gate's kernels cold (~5 min with the
+# gate on one GPU beside the bench), so it gets a session's run to itself.
+VERIFY = [[["machine", "verify"]]]
+PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY,
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

@@ -28,19 +28,22 @@ def children(pid: int) -> list[int]:
 
 
 def test_the_next_bench_forks_from_the_server_the_first_left_and_clean_stops_it(toy):
-    first = flaloop(toy, "bench", "toy_attn", "--aa", "--json", *QUICK)
+    own = {"FS_TEST_ENV": str(toy)}  # an environment no other test's server has
+    first = flaloop(toy, "bench", "toy_attn", "--aa", "--json", *QUICK, env=own)
     assert first.code == 0, first.stderr[-3000:]
     fs = first.json["env"]["forkserver"]
     assert fs["used"] is False and "spawned (one is left for the next run)" in fs["why"]
     sock = Path(fs["left_warm"])
     assert wait_for(sock.exists, 120), "no fork server came up"
-    second = flaloop(toy, "bench", "toy_attn", "--aa", "--json", *QUICK)
+    second = flaloop(toy, "bench", "toy_attn", "--aa", "--json", *QUICK, env=own)
     assert second.code == 0, second.stderr[-3000:]
     fs2 = second.json["env"]["forkserver"]
     assert fs2["used"] is True and fs2["preload"]["n"] >= 2 and not fs2["preload"]["failed"]
     assert all(c["status"] == "ok" and c.get("estimate") for c in second.json["cells"]), second.json["cells"]
     server = fs2["pid"]
     assert alive(server) and not children(server), "the server outlives the run, its workers do not"
+    human = flaloop(toy, "bench", "toy_attn", "--aa", *QUICK, "--rounds", "1", env=own)
+    assert f"workers forked from a warm fork server (pid {server})" in human.stdout, human.stdout
     cleaned = flaloop(toy, "clean", "toy_attn", "--json")
     assert cleaned.code == 0 and cleaned.json["forkservers_stopped"] >= 1
     assert wait_for(lambda: not alive(server), 10) and not sock.exists()
@@ -55,7 +58,8 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
          "    scale = q.shape")
     warm = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1")
     assert warm.code == 0, warm.stderr[-3000:]
-    sock = Path(warm.json["env"]["forkserver"]["left_warm"])
+    fs = warm.json["env"]["forkserver"]
+    sock = Path(fs.get("left_warm") or fs["socket"])  # left by this run, or used by it
     assert wait_for(sock.exists, 120)
     gate.write_text("sleep")
     proc = subprocess.Popen([sys.executable, "-m", "flaloop", "bench", "toy_attn", *QUICK], cwd=toy,

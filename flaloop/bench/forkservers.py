@@ -64,7 +64,14 @@ def key(python: str, env: dict, preload: list[str]) -> str:
     except OSError:
         interp = [python]
     items = sorted((k, v) for k, v in env.items() if k not in VOLATILE_ENV)
-    return hashlib.sha256(json.dumps([interp, items, sorted(preload)]).encode()).hexdigest()[:24]
+    return hashlib.sha256(json.dumps([interp, items, list(preload)]).encode()).hexdigest()[:24]  # order matters
+
+
+def preload_file(python: str, op: str, import_mode: str) -> Path:
+    """Where the modules that an op's workers imported are remembered, in the user cache: shared by
+    every checkout of the op (a fresh clone's first run forks too)."""
+    k = hashlib.sha256(json.dumps([os.path.realpath(python), op, import_mode]).encode()).hexdigest()[:20]
+    return fsutil.user_cache_dir() / "preload" / f"{k}.json"
 
 
 def socket_path(k: str) -> Path:

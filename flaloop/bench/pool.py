@@ -52,7 +52,7 @@ class WorkerPool:
         self.forkserver: dict = {"used": False, "why": "not asked for (--no-forkserver)"}
         self.use_forkserver = use_forkserver
         self.preload = self._preload()
-        self.seen_preload: set[str] = set()  # third-party modules this run's workers imported
+        self.seen_preload: dict[str, None] = {}  # third-party modules this run's workers imported, in order
         self.started: list[Worker] = []
         self.ahead: dict[str, tuple[tuple[str, str], dict[str, Worker]]] = {}
         self._n = 0
@@ -64,7 +64,7 @@ class WorkerPool:
     def _preload(self) -> list[str]:
         try:
             names = json.loads(self.preload_file.read_text())
-            return sorted(n for n in names if isinstance(n, str))
+            return [n for n in names if isinstance(n, str)]  # in import order (worker/target.py)
         except (OSError, ValueError):
             return ["torch", "triton"]
 
@@ -72,7 +72,8 @@ class WorkerPool:
         self.server = ForkServer.connect(self.python, self.env, self.preload)
         if self.server is not None:
             ready = self.server.ready
-            self.forkserver = {"used": True, "why": "", "preload": ready.get("preload"), "pid": ready.get("pid")}
+            self.forkserver = {"used": True, "why": "", "preload": ready.get("preload"), "pid": ready.get("pid"),
+                               "socket": str(self.server.path)}
         else:
             self.forkserver = {"used": False, "why": "no fork server was warm for this interpreter, environment "
                                                      "and preload: spawned (one is left for the next run)"}
@@ -90,11 +91,16 @@ class WorkerPool:
         fork server preloading them all for the next run unless the one used has exactly that key."""
         if not self.use_forkserver or (self.server is None and not self.seen_preload):
             return
-        names = sorted(set(self.preload) | self.seen_preload)
+        names = list(dict.fromkeys([*self.preload, *self.seen_preload]))
         if names != self.preload:
             with contextlib.suppress(StorageError):  # a cache: the next run just preloads less
                 fsutil.atomic_write_json(self.preload_file, names, indent=None)
         if self.server is None or names != self.preload:
+            there = ForkServer.connect(self.python, self.env, names)  # another run's, already warm
+            if there is not None:
+                there.close()
+                self.forkserver["left_warm"] = str(there.path)
+                return
             path = forkservers.start(self.python, self.env, names)
             self.forkserver["left_warm"] = str(path) if path else None
 
@@ -126,7 +132,7 @@ class WorkerPool:
             w = pair[side]
             w.hello = w.request("hello", self.setup_timeout)
             hellos[side] = w.hello
-            self.seen_preload.update(m for m in (w.hello.get("preload") or []) if isinstance(m, str))
+            self.seen_preload.update((m, None) for m in (w.hello.get("preload") or []) if isinstance(m, str))
             if not w.hello.get("ok"):
                 tb = w.hello.get("traceback", "")
                 raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}"

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from flaloop import git, stats
+from flaloop.bench import forkservers
 from flaloop.bench.analysis import round_estimates, settled, tuning_differences
 from flaloop.bench.model import BenchConfig, Cell, CellResult, Pair
 from flaloop.bench.pool import WorkerPool
@@ -127,7 +128,7 @@ class Session:
                 python=self.python, op=self.op, device=self.cfg.device, trees=trees,
                 registry=base_tree / self.registry_rel, run_dir=self.run_dir, env=env,
                 setup_timeout=self.cfg.setup_timeout, use_forkserver=self.cfg.forkserver,
-                preload_file=ws / f"preload-{self.cfg.import_mode}.json", gpu=self.gpu,
+                preload_file=forkservers.preload_file(self.python, self.op, self.cfg.import_mode), gpu=self.gpu,
                 import_mode=self.cfg.import_mode))
             # Every pair the run is known to need, started now: the imports overlap.
             self.pool.prestart("round1", self._order(0))

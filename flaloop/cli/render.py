@@ -104,6 +104,11 @@ def print_bench(record: dict, console: Console) -> None:
     if record.get("primed"):
         console.print(f"measured in fresh workers: the warm-up compiled or tuned "
                       f"({record['primed']['new_cache_entries']} new Triton cache entries)")
+    fs = (record.get("env") or {}).get("forkserver") or {}
+    if fs.get("used"):
+        console.print(f"workers forked from a warm fork server (pid {fs.get('pid')})")
+    elif fs.get("left_warm"):
+        console.print("workers spawned; a fork server is left warm for the next run (`flaloop clean` stops it)")
     if record.get("contested"):
         console.print(f"{len(record['contested'])} cell(s) whose rounds disagreed got extra rounds "
                       f"({len(record.get('rounds') or [])} rounds in all): {', '.join(record['contested'])}")

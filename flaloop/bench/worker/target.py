@@ -175,10 +175,12 @@ def signature(fn):
 
 
 def loaded_outside(tree: str) -> list[str]:
-    """Top-level modules loaded now whose files live outside `tree` (third-party libraries): what a
-    fork server may import ahead of the next run without running any of the tree's code."""
+    """Modules loaded now whose files live outside `tree` (third-party libraries), in the order they
+    were first imported: what a fork server may import ahead of the next run, in that same order
+    (alone and out of order, some of torch._inductor's modules fail on circular imports), without
+    running any of the tree's code."""
     tree = os.path.realpath(tree) + os.sep
-    names = set()
+    names = []
     for name, mod in list(sys.modules.items()):
         top = name.split('.')[0]
         if not top or top.startswith('_flaloop') or top == '__main__' or mod is None:
@@ -186,5 +188,5 @@ def loaded_outside(tree: str) -> list[str]:
         f = getattr(mod, '__file__', None)
         if f and os.path.realpath(f).startswith(tree):
             continue
-        names.add(name)
-    return sorted(names)
+        names.append(name)
+    return names
