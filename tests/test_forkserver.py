@@ -5,6 +5,7 @@ it; `flaloop clean` stops it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,13 @@ def test_an_edited_library_retires_the_server_and_too_many_servers_make_room(tmp
     assert pid and alive(pid)
     # a test's name in the environment is not part of the key
     assert up({**env, "PYTEST_CURRENT_TEST": "another test"}) == pid
+    # a server that does not answer is not waited for
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert forkservers.ForkServer.connect(sys.executable, env, preload, timeout=1.0) is None
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert up(env) == pid
     (lib / "toylib_fs.py").write_text("VALUE = 2  # edited\n")
     assert up(env) is None  # stale: it says so, and exits
     assert wait_for(lambda: not alive(pid), 10) and not path.exists()

@@ -37,6 +37,7 @@ IDLE_DEFAULT_S = 1200.0
 # (every other variable is: an unknown one costs a server start, never a stale import).
 VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST",
                           "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID"})
+REQUEST_TIMEOUT_S = 30.0
 MAX_SERVERS = 4  # per user: each holds torch and friends in memory; the least recently used goes
 
 
@@ -114,7 +115,7 @@ class ForkServer:
                 if not _serving(path):
                     path.unlink()
             return None
-        sock.settimeout(None)
+        sock.settimeout(REQUEST_TIMEOUT_S)  # a server that stops answering costs a spawn, never a hang
         if not ready.get("ok") or ready.get("key") != k:
             sock.close()
             return None

@@ -171,9 +171,16 @@ def serve(path: str, names: list[str], entry, *, key: str, idle_s: float) -> int
                 return 0
             for k, _ in events:
                 if k.fileobj is listener:
-                    conn, _ = listener.accept()
+                    try:
+                        conn, _ = listener.accept()
+                    except OSError:
+                        continue
                     why = _stale(stamps) or (None if ready['ok'] else ready['error'])
-                    conn.send(json.dumps({**ready, 'ok': why is None, 'error': why}).encode())
+                    try:
+                        conn.send(json.dumps({**ready, 'ok': why is None, 'error': why}).encode())
+                    except OSError:  # a client that gave up waiting
+                        conn.close()
+                        continue
                     if why is not None:
                         conn.close()
                         return 0
