@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flaloop import git
+from flaloop.bench import forkservers
 from flaloop.errors import UsageError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "minifla"
@@ -73,6 +74,10 @@ def run_demo(console: Console, keep: Path | None = None) -> Path | None:
     repo = scratch / "minifla"
     if repo.exists():
         raise UsageError(f"{repo} already exists", "pass another --keep directory")
+    # the demo's warm fork servers are its own, and end with it
+    own_servers = forkservers.DIR_ENV not in os.environ
+    if own_servers:
+        os.environ[forkservers.DIR_ENV] = str(scratch / "forkservers")
     try:
         shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         env = {**os.environ, **IDENTITY}
@@ -139,6 +144,9 @@ def run_demo(console: Console, keep: Path | None = None) -> Path | None:
         console.print(f"\n[green]demo finished[/]: workspace {escape(str(log.parent))}", markup=True)
         return repo if keep else None
     finally:
+        if own_servers:
+            forkservers.stop_all()
+            del os.environ[forkservers.DIR_ENV]
         if keep is None:
             shutil.rmtree(scratch, ignore_errors=True)
 

@@ -33,10 +33,13 @@ WORKER = Path(__file__).parent / "worker" / "__main__.py"
 IDLE_ENV = "FLALOOP_FORKSERVER_IDLE_S"
 DIR_ENV = "FLALOOP_FORKSERVER_DIR"  # where the sockets live (default: a private dir in the temp dir)
 IDLE_DEFAULT_S = 1200.0
-# Set per shell, per test or per flaloop run, read by no library at import: not part of the key
-# (every other variable is: an unknown one costs a server start, never a stale import).
+# Set per shell, per test, per workspace or per flaloop run, and read by no library at import
+# (Triton reads its cache settings when it compiles or tunes, in the forked worker, which has the
+# run's exact environment): not part of the key. Every other variable is: an unknown one costs a
+# server start, never an import made under other settings.
 VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST",
-                          "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID"})
+                          "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID", "TRITON_CACHE_DIR",
+                          "FLALOOP_TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING"})
 REQUEST_TIMEOUT_S = 30.0
 MAX_SERVERS = 4  # per user: each holds torch and friends in memory; the least recently used goes
 
@@ -125,15 +128,19 @@ class ForkServer:
 
     def _ask(self, req: dict, fds: list[int] | None = None) -> dict:
         with self._lock:
-            data = json.dumps(req).encode()
-            if fds:
-                socket.send_fds(self.sock, [data], fds)
-            else:
-                self.sock.send(data)
-            reply = self.sock.recv(1 << 20)
-        if not reply:
-            raise RuntimeError("the fork server is gone")
-        return json.loads(reply.decode())
+            try:
+                data = json.dumps(req).encode()
+                if fds:
+                    socket.send_fds(self.sock, [data], fds)
+                else:
+                    self.sock.send(data)
+                reply = self.sock.recv(1 << 20)
+                if not reply:
+                    raise RuntimeError("the fork server is gone")
+                return json.loads(reply.decode())
+            except (OSError, ValueError, RuntimeError):
+                self.close()  # a late reply must never answer the next request
+                raise
 
     def spawn(self, argv: list[str], cwd: Path, env: dict, log):
         """A forked worker with exactly `env` as its environment, watching this flaloop process."""
@@ -145,7 +152,7 @@ class ForkServer:
         try:
             reply = self._ask({"cmd": "spawn", "argv": argv, "cwd": str(cwd), "env": env},
                               [in_r, out_w, log.fileno()])
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RuntimeError) as exc:
             os.close(in_w)
             os.close(out_r)
             raise RuntimeError(f"the fork server could not fork: {exc}") from exc

@@ -191,13 +191,14 @@ class WorkerPool:
         for w in pair.values():
             w.close()
 
-    def close(self) -> None:
+    def close(self, leave_server: bool = True) -> None:
         for w in self.started:
             try:
                 w.close()
             except OSError:
                 pass
-        self._leave_server()
+        if leave_server:
+            self._leave_server()
         if self.server is not None:
             self.server.close()
             self.server = None
@@ -205,5 +206,5 @@ class WorkerPool:
     def __enter__(self) -> WorkerPool:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *_) -> None:
+        self.close(leave_server=exc_type is None)  # an interrupted or failed run starts nothing new
