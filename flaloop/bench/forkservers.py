@@ -58,6 +58,8 @@ def socket_dir() -> Path:
         st = d.lstat()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise RuntimeError(f"{d} is not a private directory of this user: no fork server")
+    if len(str(d)) > 64:  # a socket's path has 108 bytes: the name and a temporary suffix take ~45
+        raise RuntimeError(f"{d} is too long a path for a socket: no fork server")
     return d
 
 
