@@ -129,3 +129,19 @@ def test_an_edited_library_retires_the_server_and_too_many_servers_make_room(tmp
     assert wait_for(lambda: not alive(first), 10)
     second = up(two)
     assert second and forkservers.stop_all() == 1 and wait_for(lambda: not alive(second), 10)
+
+
+def test_a_server_that_cannot_serve_says_why_once_and_clean_lets_it_try_again(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "toylib_cuda.py").write_text("import torch\ntorch.cuda.is_initialized = lambda: True  # as if it had\n")
+    env = {**os.environ, "PYTHONPATH": f"{lib}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    preload = ["toylib_cuda"]
+    path = forkservers.start(sys.executable, env, preload)
+    assert path is not None
+    assert wait_for(lambda: forkservers.failure(sys.executable, env, preload) is not None, 120)
+    assert "initialised CUDA" in forkservers.failure(sys.executable, env, preload)
+    assert not path.exists() and forkservers.ForkServer.connect(sys.executable, env, preload) is None
+    assert forkservers.start(sys.executable, env, preload) is None  # no second try for this key
+    forkservers.stop_all()
+    assert forkservers.failure(sys.executable, env, preload) is None

@@ -84,6 +84,14 @@ def socket_path(k: str) -> Path:
     return socket_dir() / f"fs-{k}.sock"
 
 
+def failure(python: str, env: dict, preload: list[str]) -> str | None:
+    """Why a server cannot run for this key (its own words, from an earlier start), if it cannot."""
+    try:
+        return (socket_dir() / f"fs-{key(python, env, preload)}.failed").read_text().strip() or "unknown"
+    except (OSError, RuntimeError):
+        return None
+
+
 def idle_seconds() -> float:
     try:
         return max(1.0, float(os.environ.get(IDLE_ENV, IDLE_DEFAULT_S)))
@@ -196,6 +204,8 @@ def start(python: str, env: dict, preload: list[str]) -> Path | None:
     k = key(python, env, preload)
     try:
         d = socket_dir()
+        if (d / f"fs-{k}.failed").exists():
+            return None
         _make_room(d, MAX_SERVERS - 1)
         listing = d / f"fs-{k}.preload"
         fsutil.atomic_write_text(listing, "\n".join(preload) + "\n")
@@ -249,7 +259,7 @@ def stop_all() -> int:
     except (OSError, RuntimeError):
         return 0
     n = sum(_stop(path) for path in d.glob("fs-*.sock"))
-    for f in list(d.glob("fs-*.preload")) + list(d.glob("fs-*.log")):
+    for f in list(d.glob("fs-*.preload")) + list(d.glob("fs-*.log")) + list(d.glob("fs-*.failed")):
         if not (d / (f.name.rsplit(".", 1)[0] + ".sock")).exists():
             with contextlib.suppress(OSError):
                 f.unlink()

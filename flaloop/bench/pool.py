@@ -74,6 +74,9 @@ class WorkerPool:
             ready = self.server.ready
             self.forkserver = {"used": True, "why": "", "preload": ready.get("preload"), "pid": ready.get("pid"),
                                "socket": str(self.server.path)}
+        elif (why := forkservers.failure(self.python, self.env, self.preload)) is not None:
+            self.forkserver = {"used": False, "why": f"a fork server cannot run for this key: {why}; spawned "
+                                                     "(`flaloop clean` lets the next run try again)"}
         else:
             self.forkserver = {"used": False, "why": "no fork server was warm for this interpreter, environment "
                                                      "and preload: spawned (one is left for the next run)"}

@@ -126,6 +126,16 @@ def _child(req: dict, fds: list[int], close: list[socket.socket], entry) -> None
         os._exit(code or 0)
 
 
+def _note_failure(failed: str, why: str) -> None:
+    """A server that cannot serve for this key leaves the reason beside its socket: no run starts
+    another one for the key until `flaloop clean` removes it."""
+    try:
+        with open(failed, 'w', encoding='utf-8') as f:
+            f.write(why + '\n')
+    except OSError:
+        pass
+
+
 def _ident(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -145,17 +155,23 @@ def serve(path: str, names: list[str], entry, *, key: str, idle_s: float) -> int
             cuda = bool(torch.cuda.is_initialized())
         except Exception:
             cuda = False
+    failed = f'{path[:-len(".sock")]}.failed' if path.endswith('.sock') else f'{path}.failed'
+    if cuda:  # children could not use the GPU: say so once, for this key, and serve nothing
+        _note_failure(failed, 'a preloaded library initialised CUDA in the fork server')
+        return 1
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tmp = f'{path}.{os.getpid()}'
-    listener.bind(tmp)
-    os.chmod(tmp, 0o600)
-    listener.listen(64)
-    os.replace(tmp, path)  # the socket appears only once the server can serve it
+    try:
+        listener.bind(tmp)
+        os.chmod(tmp, 0o600)
+        listener.listen(64)
+        os.replace(tmp, path)  # the socket appears only once the server can serve it
+    except OSError as e:
+        _note_failure(failed, f'cannot listen on {path}: {e}')
+        return 1
     me = _ident(path)
-    ready = {'ok': not cuda, 'pid': os.getpid(), 'key': key, 'preload': info, 'cuda_initialized': cuda,
+    ready = {'ok': True, 'pid': os.getpid(), 'key': key, 'preload': info, 'cuda_initialized': False,
              'modules': len(stamps)}
-    if cuda:
-        ready['error'] = 'a preloaded library initialised CUDA in the fork server: children could not use it'
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     conns: list[socket.socket] = []
@@ -175,7 +191,7 @@ def serve(path: str, names: list[str], entry, *, key: str, idle_s: float) -> int
                         conn, _ = listener.accept()
                     except OSError:
                         continue
-                    why = _stale(stamps) or (None if ready['ok'] else ready['error'])
+                    why = _stale(stamps)
                     try:
                         conn.send(json.dumps({**ready, 'ok': why is None, 'error': why}).encode())
                     except OSError:  # a client that gave up waiting
