@@ -42,7 +42,8 @@ def test_the_next_bench_forks_from_the_server_the_first_left_and_clean_stops_it(
     assert fs2["used"] is True and fs2["preload"]["n"] >= 2 and not fs2["preload"]["failed"]
     assert all(c["status"] == "ok" and c.get("estimate") for c in second.json["cells"]), second.json["cells"]
     server = fs2["pid"]
-    assert alive(server) and not children(server), "the server outlives the run, its workers do not"
+    # the server outlives the run, its workers do not (it reaps them within a second)
+    assert alive(server) and wait_for(lambda: not children(server), 10), children(server)
     human = flaloop(toy, "bench", "toy_attn", "--aa", *QUICK, "--rounds", "1", env=own)
     assert f"workers forked from a warm fork server (pid {server})" in human.stdout, human.stdout
     cleaned = flaloop(toy, "clean", "toy_attn", "--json")
