@@ -146,3 +146,27 @@ def test_a_server_that_cannot_serve_says_why_once_and_clean_lets_it_try_again(tm
     assert forkservers.start(sys.executable, env, preload) is None  # no second try for this key
     forkservers.stop_all()
     assert forkservers.failure(sys.executable, env, preload) is None
+
+
+def test_a_worker_forked_with_a_module_of_its_tree_refuses_and_the_run_spawns(toy):
+    # a module of the tree on PYTHONPATH, in the remembered preload list: the server imports it
+    (toy / "helper_mod.py").write_text("VALUE = 1\n")
+    env = {"PYTHONPATH": f"{toy}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "FS_TEST_ENV": str(toy)}
+    listing = forkservers.preload_file(sys.executable, "toy_attn", "full")
+    learned = listing.read_text() if listing.exists() else None
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    listing.write_text('["torch", "helper_mod"]')
+    try:
+        first = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1", env=env)
+        assert first.code == 0, first.stderr[-3000:]
+        assert wait_for(Path(first.json["env"]["forkserver"]["left_warm"]).exists, 120)
+        second = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1", env=env)
+        assert second.code == 0, second.stderr[-3000:]
+        fs = second.json["env"]["forkserver"]
+        assert fs["used"] is False and "modules of the tree were loaded before the worker started" in fs["why"], fs
+        assert all(c["status"] == "ok" for c in second.json["cells"])
+    finally:  # the learned list is shared by every test of this op
+        if learned is None:
+            listing.unlink(missing_ok=True)
+        else:
+            listing.write_text(learned)

@@ -2,8 +2,8 @@
 
 A fork server (flaloop/bench/worker/forkserver.py) imports torch and the target's third-party
 libraries once and forks fresh worker processes from then on. It outlives the run that started
-it, so the next bench of the loop forks its workers in half a second instead of paying a 5-19 s
-import in each. It is found by a Unix socket whose name is a key over everything its imports
+it, so the next bench of the loop forks its workers instead of paying the whole import in each
+(FLA on the H200: its real import took 1.9 s in a forked worker, 10-17 s in a spawned one). It is found by a Unix socket whose name is a key over everything its imports
 depend on: the interpreter, the environment and the list of modules to preload. flaloop's worker
 code is among the files the server imported, and the server checks those files at every
 connection, so an edit of flaloop, torch or any preloaded library retires it.
@@ -80,14 +80,15 @@ def preload_file(python: str, op: str, import_mode: str) -> Path:
     return fsutil.user_cache_dir() / "preload" / f"{k}.json"
 
 
-def socket_path(k: str) -> Path:
-    return socket_dir() / f"fs-{k}.sock"
+def socket_path(k: str, ext: str = "sock") -> Path:
+    """The server's socket, or a file beside it: its log, preload listing, or why it failed."""
+    return socket_dir() / f"fs-{k}.{ext}"
 
 
 def failure(python: str, env: dict, preload: list[str]) -> str | None:
     """Why a server cannot run for this key (its own words, from an earlier start), if it cannot."""
     try:
-        return (socket_dir() / f"fs-{key(python, env, preload)}.failed").read_text().strip() or "unknown"
+        return socket_path(key(python, env, preload), "failed").read_text().strip() or "unknown"
     except (OSError, RuntimeError):
         return None
 
@@ -203,26 +204,26 @@ def start(python: str, env: dict, preload: list[str]) -> Path | None:
     Its own session, no parent-death signal: the one child of flaloop that is meant to stay."""
     k = key(python, env, preload)
     try:
-        d = socket_dir()
-        if (d / f"fs-{k}.failed").exists():
+        sock = socket_path(k)
+        if socket_path(k, "failed").exists():
             return None
-        _make_room(d, MAX_SERVERS - 1)
-        listing = d / f"fs-{k}.preload"
+        _make_room(sock.parent, MAX_SERVERS - 1)
+        listing = socket_path(k, "preload")
         fsutil.atomic_write_text(listing, "\n".join(preload) + "\n")
-        log = open(d / f"fs-{k}.log", "w")  # noqa: SIM115 - handed to the child
+        log = open(socket_path(k, "log"), "w")  # noqa: SIM115 - handed to the child
     except (OSError, RuntimeError):
         return None
     server_env = {n: v for n, v in env.items() if n not in ("FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID")}
     try:
-        subprocess.Popen([python, "-u", str(WORKER), "--forkserver", str(d / f"fs-{k}.sock"), "--preload",
+        subprocess.Popen([python, "-u", str(WORKER), "--forkserver", str(sock), "--preload",
                           str(listing), "--key", k, "--idle", str(idle_seconds())],
-                         env=server_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(d),
+                         env=server_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(sock.parent),
                          start_new_session=True, close_fds=True)
     except OSError:
         return None
     finally:
         log.close()
-    return d / f"fs-{k}.sock"
+    return sock
 
 
 def _make_room(d: Path, keep: int) -> None:

@@ -60,7 +60,7 @@ class BenchConfig:
     # The guard's probes on every cell (docs/GUARD.md); --no-probes is for measuring their cost.
     probes: bool = True
     # Fork workers from a warm server that imported the target's third-party libraries once
-    # (bench/forkservers.py): on the H200 a forked FLA worker is ready in ~0.5 s, a spawned one in 8-17 s.
+    # (bench/forkservers.py): on the H200 FLA's import took 1.9 s in a forked worker, 10-17 s in a spawned one.
     forkserver: bool = True
     # "lean": the op module's parent packages run their __init__ only when asked for a name (FLA's
     # fla/__init__.py imports fla.layers, fla.models and transformers, which the op never needs).

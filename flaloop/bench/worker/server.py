@@ -23,6 +23,11 @@ from .target import LAZY_RAN, apply_backend_env, import_op, load_registry, loade
 from .tuning import dist_version, triton_version
 
 
+def forked_with() -> frozenset:
+    """The modules this process had when the fork server forked it (empty when spawned)."""
+    return getattr(sys.modules.get(f'{__package__}.forkserver'), 'FORKED_WITH', frozenset())
+
+
 class Worker:
     def __init__(self, args):
         self.args = args
@@ -61,10 +66,12 @@ class Worker:
         self.registry_file = os.path.realpath(a.registry)
         if not os.path.isdir(self.tree):
             raise FileNotFoundError(f'tree {self.tree} is not a directory')
-        early = [m for m, mod in list(sys.modules.items()) if not m.startswith('_flaloop')
-                 and isinstance(getattr(mod, '__file__', None), str) and os.path.isabs(mod.__file__)
-                 and os.path.realpath(mod.__file__).startswith(self.tree + os.sep)]
-        if early:  # a fork server's preload reached into the tree: a stale copy of its code
+        # a forked worker: nothing the fork server had imported may come from this tree (a stale copy)
+        early = [m for m in forked_with() if not m.startswith('_flaloop')
+                 and isinstance(getattr(sys.modules.get(m), '__file__', None), str)
+                 and os.path.isabs(sys.modules[m].__file__)
+                 and os.path.realpath(sys.modules[m].__file__).startswith(self.tree + os.sep)]
+        if early:
             raise RuntimeError(f'modules of the tree were loaded before the worker started: {sorted(early)[:5]}')
         if a.workdir:
             os.makedirs(a.workdir, exist_ok=True)
@@ -135,7 +142,7 @@ class Worker:
             device_name = platform.processor() or platform.machine() or 'cpu'
             device_uuid = None
         package = self.cfg.import_path.split('.')[0]
-        forked = getattr(sys.modules.get(f'{__package__}.forkserver'), 'FORKED_WITH', frozenset())
+        forked = forked_with()
         return {
             'side': self.side,
             'op': self.cfg.name,
@@ -160,7 +167,7 @@ class Worker:
             'lazy_packages_ran': list(LAZY_RAN),
             'watched': len(self.watch),
             # third-party modules a fork server could import ahead next time (beyond what it had)
-            'preload': [m for m in loaded_outside(self.tree) if m.split('.')[0] != package and m not in forked],
+            'preload': [m for m in loaded_outside(self.tree, skip=forked) if m.split('.')[0] != package],
             'forked': bool(forked),
             'numeric_at_import': probes.numeric_settings(),
         }

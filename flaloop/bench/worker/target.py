@@ -174,16 +174,16 @@ def signature(fn):
         return None
 
 
-def loaded_outside(tree: str) -> list[str]:
+def loaded_outside(tree: str, skip: frozenset = frozenset()) -> list[str]:
     """Modules loaded now whose files live outside `tree` (third-party libraries), in the order they
     were first imported: what a fork server may import ahead of the next run, in that same order
     (alone and out of order, some of torch._inductor's modules fail on circular imports), without
-    running any of the tree's code."""
+    running any of the tree's code. `skip`: names not to look at (a fork server has them already)."""
     tree = os.path.realpath(tree) + os.sep
     names = []
     for name, mod in list(sys.modules.items()):
         top = name.split('.')[0]
-        if not top or top.startswith('_flaloop') or top == '__main__' or mod is None:
+        if not top or top.startswith('_flaloop') or top == '__main__' or mod is None or name in skip:
             continue
         f = getattr(mod, '__file__', None)
         if f and os.path.realpath(f).startswith(tree):
