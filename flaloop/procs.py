@@ -89,6 +89,15 @@ def _pdeathsig(parent: int) -> Callable[[], None]:
     return preexec
 
 
+def running(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone): for processes that are not our children."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def kill_group(pid: int, alive: Callable[[], bool], wait: Callable[[float], bool],
                signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGKILL), wait_s: float = 5.0) -> None:
     """End the process group led by `pid`: each signal in turn, waiting at most `wait_s` after each.

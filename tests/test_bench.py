@@ -45,6 +45,12 @@ def test_aa_measures_every_cell_in_abba_pairs_and_cleans_up(toy):
                                                        if w.startswith("round 1: ") and w.endswith(" measured")]
     times = [t for _, t in rec["timeline"]]
     assert times == sorted(times) and times[-1] <= rec["wall_s"] + 0.5
+    # nothing compiled (the interpreter compiles nothing): round 1 measured each cell in the pair
+    # that had just warmed it up, as it was set up, before the warm-up of the next
+    assert steps.index("warm-up done") > steps.index(f"round 1: {rec['cells'][-1]['cell']['id']} measured")
+    assert rec["primed"] is None
+    assert rec["waited_s"]["setup"] > 0 and rec["waited_s"]["sample"] > 0 and rec["waited_s"]["compare"] > 0
+    assert rec["transfer"] == {"how": "file", "why": "no GPU: CUDA IPC needs one"}
     assert Path(rec["path"]).is_file()
     saved = json.loads(Path(rec["path"]).read_text())
     assert saved["cells"][0]["pairs"][0]["base_ms"] > 0

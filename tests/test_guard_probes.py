@@ -224,11 +224,11 @@ CELL = cell("c", mode="fwd", dtype="float32", seed=1)
 
 def report(w: Worker, tmp, name: str, ref: str | None = None) -> tuple[dict, dict | None]:
     w.ok("setup", cell=CELL)
+    r = w.ok("probe", cell="c")
     if ref is None:
-        r = w.ok("probe", cell="c", dump=str(tmp / f"{name}-mutated.pt"))
-    else:
-        r = w.ok("probe", cell="c", ref=ref, tol=0.005)
-    return r["probes"], r.get("mutated")
+        w.ok("dump", cell="c", mutated=True, path=str(tmp / f"{name}-mutated.pt"))
+        return r["probes"], None
+    return r["probes"], w.ok("compare", cell="c", mutated=True, ref=ref, tol=0.005)
 
 
 @pytest.fixture(scope="module")

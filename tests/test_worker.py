@@ -407,6 +407,34 @@ def test_registry_transform_and_post_init_are_deterministic(workers, tmp_path):
     assert torch.load(tmp_path / 'gate.pt')['out0'].dtype == torch.bfloat16
 
 
+def test_shared_results_fall_back_to_the_file_off_the_gpu_and_refuse_foreign_payloads(workers, tmp_path):
+    """`dump` with share: CPU tensors cannot cross as CUDA IPC handles, so they go to the file and
+    the reply says why; a `shared` payload naming anything but torch's rebuilder is refused before
+    it runs, and the candidate answers with `shared_error` (the session then sends the file)."""
+    import base64
+    import pickle
+
+    base, cand = workers('base'), workers('cand')
+    c = cell('sh', mode='fwd', dtype='float32', seed=5)
+    base.ok('setup', cell=c)
+    cand.ok('setup', cell=c)
+    d = base.ok('dump', cell='sh', share=True, path=str(tmp_path / 'sh.pt'))
+    assert 'shared' not in d and 'not a GPU' in d['share_error'] and (tmp_path / 'sh.pt').exists()
+    r = base.req('dump', cell='sh', share=True)
+    assert r['ok'] is False and 'not a GPU' in r['error']
+    assert cand.ok('compare', cell='sh', ref=str(tmp_path / 'sh.pt'), tol=0.0)['match'] is True
+    marker = tmp_path / 'ran'
+    evil = base64.b64encode(pickle.dumps({'out0': (os.system, (f'touch {marker}',))})).decode()
+    r = cand.ok('compare', cell='sh', shared=evil, tol=0.0)
+    assert 'system' in r['shared_error'] and 'match' not in r and not marker.exists()
+    # the mutation probe's results travel the same way: rolled inputs give other values
+    base.ok('dump', cell='sh', mutated=True, path=str(tmp_path / 'mut.pt'))
+    assert cand.ok('compare', cell='sh', mutated=True, ref=str(tmp_path / 'mut.pt'), tol=0.0)['match'] is True
+    r = cand.ok('compare', cell='sh', ref=str(tmp_path / 'mut.pt'), tol=1e-3)
+    assert r['match'] is False, r
+    assert base.ok('unshare')['unshared'] is False
+
+
 def test_errors_keep_the_worker_answering(workers):
     base = workers('base')
     r = base.req('setup', cell=cell('bad', overrides={'q': 'cube'}))
@@ -520,6 +548,7 @@ def test_gpu_graph_timer_and_proof(tmp_path):
     reg.write_text(reg.read_text() + "\nregister_op(OpConfig(name='toy_sync', import_path='toyop.ops.scale', "
                    'inputs=dict(_qkv)))\n')
     w = Worker(tree, 'toy_op', 'base', device='cuda')
+    c = Worker(tree, 'toy_op', 'cand', device='cuda')
     s = Worker(tree, 'toy_sync', 'base', device='cuda')
     try:
         h = w.ok('hello')
@@ -538,7 +567,18 @@ def test_gpu_graph_timer_and_proof(tmp_path):
             assert all(0 < h <= wl for h, wl in zip(e["host_ms"], e["wall_ms"], strict=True))
             w.ok('dump', cell=mode, path=str(tmp_path / f'{mode}.pt'))
             assert w.ok('compare', cell=mode, ref=str(tmp_path / f'{mode}.pt'), tol=1e-2)['match'] is True
+            # the same results through CUDA IPC handles, mapped by another process on this GPU
+            c.ok('setup', cell=cell(mode, mode=mode, dtype='bfloat16', shape=shape, k=r['k']))
+            for mutated in (False, True):
+                d = w.ok('dump', cell=mode, share=True, mutated=mutated)
+                assert d['shared'] and 'path' not in d
+                m = c.ok('compare', cell=mode, shared=d['shared'], mutated=mutated, tol=0.0)
+                assert m['match'] is True and 'shared_error' not in m, m
+                assert w.ok('unshare')['unshared'] is True
+            d = w.ok('dump', cell=mode, share=True, mutated=True)
+            assert c.ok('compare', cell=mode, shared=d['shared'], tol=1e-3)['match'] is False
             w.ok('release', cell=mode)
+            c.ok('release', cell=mode)
         r = w.ok('setup', cell=cell('eager', mode='fwdbwd', dtype='bfloat16', shape=shape, timer='eager', k=4))
         assert r['timer'] == 'cuda_eager' and r['k'] == 4 and r['capture_error'] is None
         r = s.ok('setup', cell=cell('sync', mode='fwdbwd', dtype='bfloat16', shape=shape))
@@ -546,6 +586,7 @@ def test_gpu_graph_timer_and_proof(tmp_path):
         assert all(x > 0 for x in s.ok('sample', cell='sync', n=2)['times_ms'])
     finally:
         w.close()
+        c.close()
         s.close()
 
 

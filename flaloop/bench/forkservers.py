@@ -8,8 +8,10 @@ depend on: the interpreter, the environment and the list of modules to preload. 
 code is among the files the server imported, and the server checks those files at every
 connection, so an edit of flaloop, torch or any preloaded library retires it.
 
-A run never waits for a server to start: with none warm for its key it spawns its workers as
-before and starts one, detached, as it ends (`start`), with the modules its workers imported.
+With none warm for its key a run spawns its workers as before and starts one, detached, as it
+ends (`start`), with the modules its workers imported. A run that finds one of its key still
+preloading (on the H200 about 10 s, against 10-17 s of import in each spawned worker) waits for
+it, at most STARTING_WAIT_S.
 The server exits after FLALOOP_FORKSERVER_IDLE_S seconds without a connection (default 1200),
 and `flaloop clean` stops every one of the user's (`stop_all`).
 """
@@ -25,9 +27,10 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
-from flaloop import fsutil
+from flaloop import fsutil, procs
 
 WORKER = Path(__file__).parent / "worker" / "__main__.py"
 IDLE_ENV = "FLALOOP_FORKSERVER_IDLE_S"
@@ -41,6 +44,7 @@ VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PY
                           "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID", "TRITON_CACHE_DIR",
                           "FLALOOP_TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING"})
 REQUEST_TIMEOUT_S = 30.0
+STARTING_WAIT_S = 30.0  # the longest a run waits for a server of its key that is still preloading
 MAX_SERVERS = 4  # per user: each holds torch and friends in memory; the least recently used goes
 
 
@@ -116,7 +120,7 @@ class ForkServer:
             path = socket_path(k)
         except (OSError, RuntimeError):
             return None
-        if not path.exists():
+        if not path.exists() and not _wait_for_start(k, STARTING_WAIT_S):
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sock.settimeout(timeout)
@@ -187,6 +191,29 @@ class ForkServer:
             self.sock.close()
 
 
+def _wait_for_start(k: str, limit: float) -> bool:
+    """True once the server of key `k` that a run started is listening; False at once when none is
+    starting (or it died or failed), else after `limit` s."""
+    marker = socket_path(k, "starting")
+    try:
+        pid = int(marker.read_text().strip())
+        if time.time() - marker.stat().st_mtime > 4 * limit:  # left by a start that went wrong
+            marker.unlink()
+            return False
+    except (OSError, ValueError):
+        return False
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if socket_path(k).exists():
+            return True
+        if not procs.running(pid) or socket_path(k, "failed").exists():
+            with contextlib.suppress(OSError):
+                marker.unlink()
+            return False
+        time.sleep(0.1)
+    return socket_path(k).exists()
+
+
 def _serving(path: Path) -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(2.0)
@@ -215,14 +242,16 @@ def start(python: str, env: dict, preload: list[str]) -> Path | None:
         return None
     server_env = {n: v for n, v in env.items() if n not in ("FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID")}
     try:
-        subprocess.Popen([python, "-u", str(WORKER), "--forkserver", str(sock), "--preload",
-                          str(listing), "--key", k, "--idle", str(idle_seconds())],
-                         env=server_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(sock.parent),
-                         start_new_session=True, close_fds=True)
+        p = subprocess.Popen([python, "-u", str(WORKER), "--forkserver", str(sock), "--preload",
+                              str(listing), "--key", k, "--idle", str(idle_seconds())],
+                             env=server_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(sock.parent),
+                             start_new_session=True, close_fds=True)
     except OSError:
         return None
     finally:
         log.close()
+    with contextlib.suppress(OSError):  # the next run waits for it rather than spawn (the server removes it)
+        fsutil.atomic_write_text(socket_path(k, "starting"), f"{p.pid}\n")
     return sock
 
 
@@ -260,7 +289,7 @@ def stop_all() -> int:
     except (OSError, RuntimeError):
         return 0
     n = sum(_stop(path) for path in d.glob("fs-*.sock"))
-    for f in list(d.glob("fs-*.preload")) + list(d.glob("fs-*.log")) + list(d.glob("fs-*.failed")):
+    for f in [p for ext in ("preload", "log", "failed", "starting") for p in d.glob(f"fs-*.{ext}")]:
         if not (d / (f.name.rsplit(".", 1)[0] + ".sock")).exists():
             with contextlib.suppress(OSError):
                 f.unlink()

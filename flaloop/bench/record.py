@@ -125,7 +125,8 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
             "gate": gate, "unverified": gate is None, "interrupted": interrupted,
             "last_gate": last_gate_for(target, contract.op, tree) if gate is None else None,
             "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2), "timeline": session.timeline,
-            "lean_check": session.lean_check,
+            "lean_check": session.lean_check, "waited_s": {k: round(v, 2) for k, v in session.waited.items()},
+            "transfer": session.transfer,
             "guard": guard, "summary": summary, "cells": [r.to_dict() for r in session.results],
         }
         if not interrupted and session.env_info:

@@ -95,6 +95,8 @@ class Session:
         self.lean_check: dict | None = None  # --import lean: the real import's verdict on it
         self.t0 = time.monotonic()
         self.timeline: list[list] = []  # [what, seconds since the session began]: where a run's time went
+        self.waited: dict[str, float] = {}  # seconds the session waited on each command (both sides at once: once)
+        self.transfer = {"how": "cuda-ipc" if config.share_results else "file", "why": None}
 
     def _mark(self, what: str) -> None:
         self.timeline.append([what, round(time.monotonic() - self.t0, 2)])
@@ -159,6 +161,8 @@ class Session:
                     self.clocks = Clocks(hello.get("device_uuid"))
                     self.env_info = fingerprint(hello, self.clocks)
                     self.env_info["forkserver"] = self.pool.forkserver
+                    if hello.get("device") != "cuda":
+                        self.transfer = {"how": "file", "why": "no GPU: CUDA IPC needs one"}
                     self.env_info["idle"] = idle_evidence(self.clocks, own_pids=self.pool.pids())
                     entries = _cache_entries(cache)
                     self._warm_all(cache, entries)
@@ -299,21 +303,43 @@ class Session:
             self.pool.drop("primed")
             return
         self.on_event("prime", new_entries=new_entries)
+        before = [r.cell.id for r in self.results if any(p.round == 0 for p in r.pairs)]
         self.primed = {"new_cache_entries": new_entries,
-                       "discarded": {side: w.hello.get("pid") for side, w in self.workers.items()}}
+                       "discarded": {side: w.hello.get("pid") for side, w in self.workers.items()},
+                       "measured_before": before}  # in the warm-up pair, before anything compiled
         self._close_workers()
-        self.hellos.pop()
+        if not before:
+            self.hellos.pop()
         self._take("primed")
 
     def _ask(self, side: str, cmd: str, timeout: float, **payload) -> dict:
+        return self._ask_both(cmd, timeout, {side: payload})[side]
+
+    def _ask_both(self, cmd: str, timeout: float, payloads: dict[str, dict]) -> dict[str, dict]:
+        """The same command to each side named, all at once; every answer is awaited (so that no
+        reply is left behind in a pipe) before the first failure is raised."""
         self._check_cancel()
-        try:
-            reply = self.workers[side].request(cmd, timeout, **payload)
-        except WorkerFailed:
+        t0 = time.monotonic()
+        replies, failed = {}, None
+        sent = []
+        for side, payload in payloads.items():
+            try:
+                self.workers[side].send(cmd, **payload)
+                sent.append(side)
+            except WorkerFailed as exc:
+                failed = failed or exc
+        for side in sent:
+            try:
+                replies[side] = self.workers[side].receive(cmd, timeout)
+            except WorkerFailed as exc:
+                failed = failed or exc
+        self.waited[cmd] = self.waited.get(cmd, 0.0) + time.monotonic() - t0
+        if failed is not None:
             self._check_cancel()  # killed because the run was withdrawn: not a crash
-            raise
-        self._note_integrity(side, reply)
-        return reply
+            raise failed
+        for side, reply in replies.items():
+            self._note_integrity(side, reply)
+        return replies
 
     def _note_integrity(self, side: str, reply: dict) -> None:
         """Violations of the timing-path watch ride on every reply; a candidate-only one blocks the run."""
@@ -337,11 +363,21 @@ class Session:
         return self._ask(side, "setup", self.cfg.setup_timeout, cell=wire)
 
     def _warm_all(self, cache: Path, entries: int) -> None:
+        """Warm every cell up. While nothing has been compiled or tuned (a warm Triton cache: the
+        usual verify), each cell is measured for round 1 right after its warm-up, in the same pair
+        and as it is set up: these processes are still ones that compiled nothing, and the second
+        setup of every cell on both sides is saved. From the first warm-up that adds to the cache
+        on, cells are only warmed, and fresh processes measure them (_prime)."""
+        compiled = False
         for i, res in enumerate(self.results):
             self.on_event("warm", cell=res.cell.id, index=i, total=len(self.results))
             try:
                 self._warm(res)
-                if not self.broken:
+                compiled = compiled or _cache_entries(cache) > entries
+                if res.status == "pending" and not (self.broken or compiled or self._blocked_run()):
+                    self._measure(res, set_up=True)
+                    self._mark(f"round 1: {res.cell.id} measured")  # before "warm-up done": in the warm-up pair
+                elif not self.broken:
                     self._release(res)
             except WorkerFailed as exc:
                 self._cell_failed(res, exc)
@@ -349,7 +385,7 @@ class Session:
                     return
             if self.broken and not self._restart(self.broken):
                 return
-            if _cache_entries(cache) > entries:
+            if compiled:
                 # this warm-up compiles: the processes that will measure start importing now
                 self.pool.prestart("primed", self._order(0))
             if self._blocked_run():
@@ -363,9 +399,9 @@ class Session:
     def _release(self, res: CellResult) -> None:
         """Free a cell's tensors and graphs on both sides (not on the way out of an interrupt:
         a busy worker would keep us waiting, and close() kills it anyway)."""
-        for side, w in self.workers.items():
-            if not w.dead:
-                self._ask(side, "release", 120, cell=res.cell.id)
+        live = {side: {"cell": res.cell.id} for side, w in self.workers.items() if not w.dead}
+        if live:
+            self._ask_both("release", 120, live)
 
     def _warm(self, res: CellResult) -> None:
         base = self._setup(res, "base", None, "auto")
@@ -392,18 +428,9 @@ class Session:
             if not (base.get("ok") and cand.get("ok")):
                 return self._fail(res, "base" if not base.get("ok") else "cand", base if not base.get("ok") else cand)
         res.timer, res.k = base["timer"], base["k"]
-        idx = self.results.index(res)
-        dump = self.run_dir / f"dump-{idx}.pt"
-        try:
-            d = self._ask("base", "dump", self.cfg.setup_timeout, cell=res.cell.id, path=str(dump))
-            if not d.get("ok"):
-                return self._fail(res, "base", d)
-            cmp_ = self._ask("cand", "compare", self.cfg.setup_timeout, cell=res.cell.id, ref=str(dump),
-                             tol=self.cfg.diff_tol)
-        finally:
-            dump.unlink(missing_ok=True)
-        if not cmp_.get("ok"):
-            return self._fail(res, "cand", cmp_)
+        cmp_ = self._exchange(res, mutated=False)
+        if cmp_ is None:
+            return None
         res.diff = cmp_
         if not cmp_.get("match"):
             worst = sorted(cmp_.get("tensors", {}).items(), key=lambda kv: -(kv[1].get("rel_rms") or 0))[:3]
@@ -414,26 +441,55 @@ class Session:
             res.findings = [f.to_dict() for f in apply_allowances([found], [])]  # never allowable: it is wrong
             return None
         if self.cfg.probes:
-            self._probe(res, idx)
+            self._probe(res)
         return None
 
-    def _probe(self, res: CellResult, idx: int) -> None:
-        t0 = time.monotonic()
-        dump = self.run_dir / f"mutated-{idx}.pt"
+    def _exchange(self, res: CellResult, mutated: bool) -> dict | None:
+        """The base's results on set 0 (with `mutated`: on inputs changed in place) compared in the
+        candidate with its own; None when a side failed (the cell is failed). On a GPU the results
+        cross as CUDA IPC handles; where that is impossible, as a file in the run directory."""
+        dump = self.run_dir / f"{'mutated' if mutated else 'dump'}-{self.results.index(res)}.pt"
+        share = self.transfer["how"] == "cuda-ipc"
         try:
-            b = self._ask("base", "probe", self.cfg.setup_timeout, cell=res.cell.id, dump=str(dump))
-            if not b.get("ok"):
-                return self._fail(res, "base", b)
-            c = self._ask("cand", "probe", self.cfg.setup_timeout, cell=res.cell.id, ref=str(dump),
-                          tol=self.cfg.diff_tol)
-            if not c.get("ok"):
-                return self._fail(res, "cand", c)
+            d = self._ask("base", "dump", self.cfg.setup_timeout, cell=res.cell.id, path=str(dump),
+                          mutated=mutated, share=share)
+            if not d.get("ok"):
+                return self._fail(res, "base", d)
+            if share and not d.get("shared"):
+                self.transfer = {"how": "file", "why": d.get("share_error") or "the base could not share"}
+            ref = {"shared": d["shared"]} if d.get("shared") else {"ref": str(dump)}
+            c = self._ask("cand", "compare", self.cfg.setup_timeout, cell=res.cell.id, tol=self.cfg.diff_tol,
+                          mutated=mutated, **ref)
+            if d.get("shared"):
+                self._ask("base", "unshare", 120)
+                if c.get("shared_error"):  # the candidate could not map the handles: the file, from now on
+                    self.transfer = {"how": "file", "why": f"the candidate could not map them: {c['shared_error']}"}
+                    return self._exchange(res, mutated)
         finally:
             dump.unlink(missing_ok=True)
+        if not c.get("ok"):
+            return self._fail(res, "cand", c)
+        return c
+
+    def _probe(self, res: CellResult) -> None:
+        t0 = time.monotonic()
+        try:
+            # one side after the other: each alone on the GPU, as the determinism probe must see it
+            replies = {side: self._ask(side, "probe", self.cfg.setup_timeout, cell=res.cell.id)
+                       for side in self._order()}
+            b, c = replies["base"], replies["cand"]
+            for side, r in replies.items():
+                if not r.get("ok"):
+                    return self._fail(res, side, r)
+            mutated = self._exchange(res, mutated=True)
+            if mutated is None:
+                return None
+        finally:
             self.probe_seconds += time.monotonic() - t0
-        res.probes = {"base": b["probes"], "cand": c["probes"], "mutated": c.get("mutated"),
-                      "seconds": {"base": b.get("seconds"), "cand": c.get("seconds")}}
-        found = guard_probes.cell_findings(res.cell.id, b["probes"], c["probes"], c.get("mutated"),
+        res.probes = {"base": b["probes"], "cand": c["probes"], "mutated": mutated,
+                      "seconds": {"base": b.get("seconds"), "cand": c.get("seconds"),
+                                  "mutated": mutated.get("seconds")}}
+        found = guard_probes.cell_findings(res.cell.id, b["probes"], c["probes"], mutated,
                                            self.cfg.diff_tol, aa=self.cfg.aa)
         res.findings = [f.to_dict() for f in apply_allowances(found, self.allowed)]
         blocking = sorted({f["rule"] for f in res.findings if f["blocking"]})
@@ -457,11 +513,12 @@ class Session:
     def _clock(self) -> ClockReading | None:
         return self.clocks.read() if self.clocks else None
 
-    def _measure(self, res: CellResult) -> None:
-        """Sample one cell for this round. A crash or hang fails the cell; a fresh pair goes on."""
+    def _measure(self, res: CellResult, set_up: bool = False) -> None:
+        """Sample one cell for this round (`set_up`: in the pair that just warmed it up, as it is).
+        A crash or hang fails the cell; a fresh pair goes on."""
         t0 = time.monotonic()
         try:
-            self._sample_cell(res, t0)
+            self._sample_cell(res, t0, set_up)
             if self.broken:
                 self._restart(self.broken)
             else:
@@ -473,7 +530,23 @@ class Session:
         finally:
             res.seconds += time.monotonic() - t0
 
-    def _sample_cell(self, res: CellResult, t0: float) -> None:
+    def _setup_pair(self, res: CellResult) -> bool:
+        """Both sides set the cell up for this round's process pair, one after the other in the
+        round's start order (the H200 once showed a setup-order offset: see BenchConfig.rounds);
+        False when one failed. After _prime the first side calibrates k afresh: the warm-up
+        process that compiled may have timed the op slower than the processes that measure it."""
+        k = None if self.round == 0 and self.primed else res.k
+        for side in self._order():
+            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto")
+            if not r.get("ok"):
+                self._fail(res, side, r)
+                return False
+            if k is None:
+                res.setup["k_warmup"], res.k = res.k, r["k"]
+                k = res.k
+        return True
+
+    def _sample_cell(self, res: CellResult, t0: float, set_up: bool = False) -> None:
         # Each round takes its share of the pairs and time; the first round's target half-width
         # is wider by sqrt(rounds), so that the pooled CI lands near the configured one. Later
         # rounds take as many pairs as the first kept, so that every process pair weighs the
@@ -487,16 +560,8 @@ class Session:
             min_r = max_r = first
         rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
                                      max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
-        # After _prime the first side to set up calibrates k afresh: the warm-up process that
-        # compiled may have timed the op slower than the processes that measure it.
-        k = None if self.round == 0 and self.primed else res.k
-        for side in self._order():
-            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto")
-            if not r.get("ok"):
-                return self._fail(res, side, r)
-            if k is None:
-                res.setup["k_warmup"], res.k = res.k, r["k"]
-                k = res.k
+        if not set_up and not self._setup_pair(res):
+            return None
         mine: list[Pair] = []
         while True:
             if self._blocked_run():

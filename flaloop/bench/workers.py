@@ -64,15 +64,6 @@ class SpawnedProc:
         kill_group(self.pid, lambda: self.p.poll() is None, lambda t: self.wait(t) is not None)
 
 
-def _alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 class ForkedProc:
     """A worker forked by the fork server (not our child: watched through /proc)."""
 
@@ -81,7 +72,7 @@ class ForkedProc:
         self._code: int | None = None
 
     def poll(self) -> int | None:
-        if self._code is None and not _alive(self.pid):
+        if self._code is None and not procs.running(self.pid):
             self._code = self.server.returncode(self.pid)
             if self._code is None:
                 self._code = -1  # gone, status unknown (reaped late)
@@ -147,6 +138,11 @@ class Worker:
         return self._log.tail(4000)
 
     def request(self, cmd: str, timeout: float, **payload) -> dict:
+        self.send(cmd, **payload)
+        return self.receive(cmd, timeout)
+
+    def send(self, cmd: str, **payload) -> None:
+        """Ask without waiting: the answer is `receive`d later (both sides of a pair work at once)."""
         if self.dead:
             raise WorkerFailed(self.side, "is gone", self.stderr_tail())
         try:
@@ -155,6 +151,9 @@ class Worker:
         except (BrokenPipeError, OSError, ValueError):
             self._die()
             raise WorkerFailed(self.side, f"died before `{cmd}`", self.stderr_tail()) from None
+
+    def receive(self, cmd: str, timeout: float) -> dict:
+        """The answer to the request `send` made last."""
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -1,9 +1,18 @@
-"""Outputs by name, their differences, and dumps compared across processes (base vs candidate)."""
+"""Outputs by name, their differences, and results compared across processes (base vs candidate).
+
+One side's results reach the other either as a file (`save_dump`/`load_dump`: any device) or, on
+a GPU, as CUDA IPC handles (`share`/`open_shared`): the other process maps the same device memory,
+and nothing is copied to the host. On the H200 the file cost up to 2.7 s a side on the largest fwdbwd
+cells (about 1 GB of outputs and gradients), twice a cell.
+"""
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 import os
+import pickle
 
 import torch
 
@@ -76,8 +85,58 @@ def save_dump(tensors: dict, path: str) -> dict:
     tmp = f'{path}.tmp{os.getpid()}'
     torch.save(tensors, tmp)
     os.replace(tmp, path)
+    return {'path': path, **describe(tensors)}
+
+
+def load_dump(path: str) -> dict:
+    ref = torch.load(path, map_location='cpu', weights_only=True)
+    if not isinstance(ref, dict):
+        raise ValueError(f'{path} does not hold a dump dict')
+    return ref
+
+
+def share(tensors: dict) -> tuple[str, dict]:
+    """(payload, description) of CUDA tensors another process on this GPU can map (`open_shared`).
+    The caller keeps the tensors alive until the other side is done with them."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    items = {}
+    for name, t in tensors.items():
+        if not t.is_cuda:
+            raise ValueError(f'{name} is on {t.device}, not a GPU: CUDA IPC cannot share it')
+        items[name] = reduce_tensor(t.detach())
+    payload = base64.b64encode(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)).decode('ascii')
+    return payload, describe(tensors)
+
+
+class _SharedUnpickler(pickle.Unpickler):
+    """Only what `share` writes: torch's CUDA tensor rebuilder, tensor and storage classes, dtypes."""
+
+    ALLOWED = {('torch.multiprocessing.reductions', 'rebuild_cuda_tensor'), ('torch', 'Tensor'),
+               ('torch', 'UntypedStorage'), ('torch.storage', 'UntypedStorage'), ('torch', 'Size'),
+               ('torch', 'device')}
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED or (module == 'torch' and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f'shared results may not name {module}.{name}')
+
+
+def open_shared(payload: str) -> dict:
+    """The other side's tensors, mapped from its device memory (read only by convention)."""
+    items = _SharedUnpickler(io.BytesIO(base64.b64decode(payload))).load()
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    out = {}
+    for name, (fn, args) in items.items():
+        if fn is not rebuild_cuda_tensor:
+            raise ValueError(f'{name}: not a shared CUDA tensor')
+        out[name] = fn(*args)
+    return out
+
+
+def describe(tensors: dict) -> dict:
     return {
-        'path': path,
         'names': list(tensors),
         'shapes': {k: list(v.shape) for k, v in tensors.items()},
         'dtypes': {k: str(v.dtype).replace('torch.', '') for k, v in tensors.items()},
@@ -85,11 +144,8 @@ def save_dump(tensors: dict, path: str) -> dict:
     }
 
 
-def compare_with_dump(mine: dict, path: str, tol: float) -> dict:
-    """Compare my results with a dump of the other side's: per tensor shapes, rel-RMS, non-finite."""
-    ref = torch.load(path, map_location='cpu', weights_only=True)
-    if not isinstance(ref, dict):
-        raise ValueError(f'{path} does not hold a dump dict')
+def compare_results(mine: dict, ref: dict, tol: float) -> dict:
+    """Compare my results with the other side's: per tensor shapes, rel-RMS, non-finite."""
     names = list(mine) + [k for k in ref if k not in mine]
     tensors = {}
     match = True

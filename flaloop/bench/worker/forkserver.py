@@ -144,6 +144,13 @@ def _ident(path: str) -> tuple[int, int] | None:
         return None
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def serve(path: str, names: list[str], entry, *, key: str, idle_s: float) -> int:
     os.environ.setdefault('PYTORCH_NVML_BASED_CUDA_CHECK', '1')
     info = preload(names)
@@ -156,8 +163,10 @@ def serve(path: str, names: list[str], entry, *, key: str, idle_s: float) -> int
         except Exception:
             cuda = False
     failed = f'{path[:-len(".sock")]}.failed' if path.endswith('.sock') else f'{path}.failed'
+    starting = f'{path[:-len(".sock")]}.starting' if path.endswith('.sock') else f'{path}.starting'
     if cuda:  # children could not use the GPU: say so once, for this key, and serve nothing
         _note_failure(failed, 'a preloaded library initialised CUDA in the fork server')
+        _unlink(starting)
         return 1
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     tmp = f'{path}.{os.getpid()}'
@@ -169,6 +178,8 @@ def serve(path: str, names: list[str], entry, *, key: str, idle_s: float) -> int
     except OSError as e:
         _note_failure(failed, f'cannot listen on {path}: {e}')
         return 1
+    finally:
+        _unlink(starting)  # listening, or never will: no run need wait for it any more
     me = _ident(path)
     ready = {'ok': True, 'pid': os.getpid(), 'key': key, 'preload': info, 'cuda_initialized': False,
              'modules': len(stamps)}

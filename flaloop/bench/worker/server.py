@@ -1,6 +1,6 @@
 """The worker process: one side (base or candidate) of a paired benchmark, serving requests.
 
-Commands (``Worker.cmd_*``): hello, setup, probe, sample, eager, dump, compare, release, quit.
+Commands (``Worker.cmd_*``): hello, setup, probe, sample, eager, dump, compare, unshare, release, quit.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from . import integrity, probes, timing
 from .cell import Cell
-from .compare import compare_with_dump, save_dump
+from .compare import compare_results, load_dump, open_shared, save_dump, share
 from .protocol import InitError, send, serve, short_error
 from .target import LAZY_RAN, apply_backend_env, import_op, load_registry, loaded_outside, source_file
 from .tuning import dist_version, triton_version
@@ -33,6 +33,7 @@ class Worker:
         self.args = args
         self.side = args.side
         self.cells: dict[str, Cell] = {}
+        self.shared: dict = {}  # results another process maps through CUDA IPC (`dump` with share)
         self.init_error = None
         self.cfg = self.fn = self.mod = None
         self.device = None
@@ -186,17 +187,10 @@ class Worker:
         return reply
 
     def cmd_probe(self, req: dict) -> dict:
-        """The guard's probes on a set-up cell (see probes.py). With "dump": also write the results on
-        in-place-mutated inputs there; with "ref": compare them with the other side's dump."""
+        """The guard's probes on a set-up cell (see probes.py)."""
         cell = self._cell(req)
         t0 = time.perf_counter()
         reply = {'cell': cell.id, 'probes': probes.run_all(cell)}
-        if req.get('dump') or req.get('ref'):
-            mutated = cell.results_mutated()
-            if req.get('dump'):
-                reply['dump'] = save_dump(mutated, req['dump'])
-            if req.get('ref'):
-                reply['mutated'] = compare_with_dump(mutated, req['ref'], float(req.get('tol', 1e-3)))
         reply['seconds'] = time.perf_counter() - t0
         self.watch.check()
         return reply
@@ -225,22 +219,69 @@ class Worker:
         self.watch.check()
         return {'cell': cell.id, 'k': cell.k, 'host_ms': host, 'wall_ms': wall}
 
+    @staticmethod
+    def _results(cell: Cell, req: dict) -> dict:
+        """Set 0's results, or with "mutated" its results on inputs changed in place (the guard's
+        mutation probe: a candidate that caches by pointer returns stale values there)."""
+        if req.get('mutated'):
+            return cell.results_mutated()
+        return {k: v.detach() for k, v in cell.results(cell.sets[0]).items()}
+
     def cmd_dump(self, req: dict) -> dict:
+        """My results for the other side: with "share", as CUDA IPC handles that stay valid until
+        `unshare` (or the next dump); else, or when they cannot be shared, written to "path"."""
         cell = self._cell(req)
         path = req.get('path')
-        if not path:
-            raise ValueError('dump needs "path"')
-        return {'cell': cell.id, **save_dump(cell.results(cell.sets[0]), path)}
+        if not path and not req.get('share'):
+            raise ValueError('dump needs "path" (or "share": true on a GPU)')
+        self._unshare()
+        t0 = time.perf_counter()
+        res = self._results(cell, req)
+        why = None
+        if req.get('share'):
+            try:
+                payload, desc = share(res)
+                self.shared = res
+                return {'cell': cell.id, 'shared': payload, **desc, 'seconds': time.perf_counter() - t0}
+            except Exception as e:  # no IPC here (CPU tensors, an allocator without it): the file
+                why = short_error(e)
+                if not path:
+                    raise
+        return {'cell': cell.id, **save_dump(res, path), 'share_error': why, 'seconds': time.perf_counter() - t0}
 
     def cmd_compare(self, req: dict) -> dict:
+        """Compare my results with the other side's "ref" (a dump file) or "shared" (IPC handles)."""
         cell = self._cell(req)
-        path = req.get('ref')
-        if not path:
-            raise ValueError('compare needs "ref" (a dump file)')
-        mine = {k: v.detach() for k, v in cell.results(cell.sets[0]).items()}
-        return {'cell': cell.id, **compare_with_dump(mine, path, float(req.get('tol', 1e-3)))}
+        if not req.get('ref') and not req.get('shared'):
+            raise ValueError('compare needs "ref" (a dump file) or "shared" (the other side\'s handles)')
+        t0 = time.perf_counter()
+        if req.get('shared'):
+            try:
+                ref = open_shared(req['shared'])
+            except Exception as e:  # handles this process cannot map: the session sends a file instead
+                return {'cell': cell.id, 'shared_error': short_error(e)}
+        else:
+            ref = load_dump(req['ref'])
+        mine = self._results(cell, req)
+        try:
+            out = compare_results(mine, ref, float(req.get('tol', 1e-3)))
+        finally:
+            del ref  # unmaps the other side's memory
+        return {'cell': cell.id, **out, 'seconds': time.perf_counter() - t0}
+
+    def _unshare(self) -> None:
+        if self.shared:
+            self.shared = {}
+            if self.device is not None and self.device.type == 'cuda':
+                torch.cuda.ipc_collect()  # blocks the other side held are freed now
+
+    def cmd_unshare(self, req: dict) -> dict:
+        had = bool(self.shared)
+        self._unshare()
+        return {'unshared': had}
 
     def _release(self, cid: str) -> bool:
+        self._unshare()
         cell = self.cells.pop(cid, None)
         if cell is None:
             return False
