@@ -325,7 +325,7 @@ def _forkserver_line(rec: dict) -> str:
 
 def _warm_caches(ctx: Ctx, repo: Path) -> None:
     """Compile what verify runs, all at once: the gate's kernels (a cold gate on every GPU) and
-    the bench's (one short A/A round per cell, two shapes a lane, lanes over the GPUs), into the
+    the bench's (one short A/A round per cell, a shape a lane, lanes over the GPUs), into the
     shared Triton cache. What it takes is printed, not judged: the goals are about warm runs."""
     import concurrent.futures as cf
 
@@ -338,7 +338,7 @@ def _warm_caches(ctx: Ctx, repo: Path) -> None:
         return wall
 
     gpus = ctx.gpus or [""]
-    parts = [SHAPES[i:i + 2] for i in range(0, len(SHAPES), 2)]
+    parts = [[shape] for shape in SHAPES]
     with cf.ThreadPoolExecutor(len(parts) + 1) as pool:
         gate = pool.submit(run, ctx, ["gate", OP, "--repo", str(repo), "--json", "--regate"],
                            ctx.out / "verify" / "warm-gate", env=ctx.env(), timeout=900)
@@ -589,7 +589,9 @@ def suite_report(ctx: Ctx) -> None:
 
 
 def suite_selftest(ctx: Ctx) -> None:
-    run(ctx, [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests", "-p", "no:cacheprovider"],
+    """The GPU-marked tests, collected from the files that have any (collecting all takes ~1 min)."""
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
+    run(ctx, [sys.executable, "-m", "pytest", "-q", "-m", "gpu", *files, "-p", "no:cacheprovider"],
         ctx.out / "selftest" / "pytest", env=ctx.env(gpus=ctx.gpus[:1]), flaloop=False, timeout=600)
 
 
@@ -691,10 +693,6 @@ def main(argv: list[str]) -> int:
             for names in lanes:
                 for n in names:
                     _safe(ctx, n)
-    # the warmed Triton cache, for a later lease to carry back (a fresh machine starts cold)
-    subprocess.run(["tar", "czf", str(work / "tc.tgz"), "-C", str(cache), "."], check=False)
-    say(f"Triton cache: {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) >> 20} MiB, "
-        f"packed {(work / 'tc.tgz').stat().st_size >> 20 if (work / 'tc.tgz').exists() else '?'} MiB")
     write(out / "goals.txt", "\n".join(GOALS) + "\n")
     print("\n".join(GOALS))
     return 0
@@ -725,9 +723,6 @@ def wait(work: Path, out: Path, limit: float) -> int:
             tar.add(src, arcname="out")
         if (src / "goals.txt").exists():
             shutil.copy(src / "goals.txt", out / "goals.txt")
-    packed = work / "tc.tgz"
-    if packed.exists() and packed.stat().st_size < 15 << 20:  # what comes back: 16 MiB a file
-        shutil.copy(packed, out / "tc.tgz")
     done = (src / "goals.txt").exists()
     print((log.read_text()[-6000:] if log.exists() else "no log") + ("\nALL DONE" if done else "\nSTILL RUNNING"))
     return 0

@@ -435,6 +435,26 @@ def test_shared_results_fall_back_to_the_file_off_the_gpu_and_refuse_foreign_pay
     assert base.ok('unshare')['unshared'] is False
 
 
+def test_the_shared_results_unpickler_takes_what_torch_writes_for_a_cuda_tensor():
+    """What torch.multiprocessing's reduce_tensor returns for a CUDA tensor (its class, size, storage
+    class, dtype, handles), built here without a GPU: the candidate must be able to read it (the
+    H200 run of 2026-11-30 fell back to the file because TypedStorage was missing from the list)."""
+    import base64
+    import io
+    import pickle
+
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    from flaloop.bench.worker.compare import _SharedUnpickler
+
+    t = torch.zeros(2, 3, dtype=torch.bfloat16)
+    args = (type(t), t.size(), t.stride(), 0, type(t._typed_storage()), t.dtype, 0, b'handle', 12, 0, False,
+            b'refcounter', 0, b'event', True)
+    payload = base64.b64encode(pickle.dumps({'out0': (rebuild_cuda_tensor, args)}))
+    items = _SharedUnpickler(io.BytesIO(base64.b64decode(payload))).load()
+    assert items['out0'][0] is rebuild_cuda_tensor and items['out0'][1] == args
+
+
 def test_errors_keep_the_worker_answering(workers):
     base = workers('base')
     r = base.req('setup', cell=cell('bad', overrides={'q': 'cube'}))

@@ -113,8 +113,8 @@ class _SharedUnpickler(pickle.Unpickler):
     """Only what `share` writes: torch's CUDA tensor rebuilder, tensor and storage classes, dtypes."""
 
     ALLOWED = {('torch.multiprocessing.reductions', 'rebuild_cuda_tensor'), ('torch', 'Tensor'),
-               ('torch', 'UntypedStorage'), ('torch.storage', 'UntypedStorage'), ('torch', 'Size'),
-               ('torch', 'device')}
+               ('torch', 'Size'), ('torch', 'device'), ('torch', 'UntypedStorage'), ('torch', 'TypedStorage'),
+               ('torch.storage', 'UntypedStorage'), ('torch.storage', 'TypedStorage')}
 
     def find_class(self, module, name):
         if (module, name) in self.ALLOWED or (module == 'torch' and isinstance(getattr(torch, name, None), torch.dtype)):
