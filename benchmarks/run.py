@@ -645,7 +645,8 @@ CYCLE = [[["machine", "cycle"]], [["slowdown"]], [["verify"]]]
 # verify against FLA's (its caches warmed first, at once: the cold gate on both GPUs beside the
 # bench's lanes), then the planted slowdown on the verify code's measuring path.
 VERIFY = [[["machine", "selftest", "verify"]], [["slowdown"]]]
-PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY,
+VERIFY_ONLY = [[["machine", "selftest", "verify"]]]
+PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY, "h200-verify-only": VERIFY_ONLY,
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 
