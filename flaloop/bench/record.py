@@ -118,10 +118,12 @@ def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, c
             "aa": cfg.aa, "signal": cfg.signal, "base": {"ref": base_ref or contract.base_ref, "commit": base_commit},
             "candidate": {"tree": "base worktree (A/A)" if cfg.aa else str(target.root), **tree},
             "config": asdict(cfg), "env": session.env_info, "gpu": gpu,
-            "workers": session.hellos[0] if session.hellos else {},
+            # where each side imported the op from: a measuring pair's word, or the warm-up pair's
+            # when no cell got as far as a round (blocked, refused or failed in the warm-up)
+            "workers": session.hellos[0] if session.hellos else session.warmup_hellos,
             "rounds": [{s: h.get("pid") for s, h in hs.items()} for hs in session.hellos],
             "import_s": [{s: h.get("import_s") for s, h in hs.items()} for hs in session.hellos],
-            "primed": session.primed, "contested": session.contested, "restarts": session.restarts,
+            "warmup": session.warmup, "primed": session.primed, "contested": session.contested, "restarts": session.restarts,
             "gate": gate, "unverified": gate is None, "interrupted": interrupted,
             "last_gate": last_gate_for(target, contract.op, tree) if gate is None else None,
             "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2), "timeline": session.timeline,

@@ -10,10 +10,11 @@ The session never times anything itself (workers do) and never imports torch. Or
    autotune, capture and prove the CUDA graph. The base's outputs and gradients must be finite
    (else the inputs are outside the op's domain and the cell is refused) and the candidate's
    must match the base's, also on inputs changed in place (else the cell is blocked); then the
-   guard's probes on both sides (docs/GUARD.md).
-3. When the warm-up compiled or tuned anything, fresh processes measure (`_prime`).
-4. Rounds: pairs in ABBA order in each round's own fresh processes, the start order swapped every
-   round; GPU clock read around each pair; pairs below the clock floor or throttled dropped.
+   guard's probes on both sides (docs/GUARD.md). The results cross from base to candidate as
+   CUDA IPC handles (bench/worker/compare.py).
+3. The warm-up pair is closed: it measures nothing (`_fresh_pair`).
+4. Rounds: pairs in ABBA order in each round's own fresh processes (round 1's too), the start
+   order swapped every round; GPU clock read around each pair; pairs below the clock floor or throttled dropped.
    A cell stops when the stopping rule says so, or once settled beyond the margin; it still
    takes every planned round (as many pairs as round 1 kept): a per-process effect would show
    in round 1 alone as confidently as a real speedup.
@@ -84,7 +85,9 @@ class Session:
         self.errors: list[str] = []
         self.round = 0
         self.hellos: list[dict] = []  # per round: {side: hello}
-        self.primed: dict | None = None  # the warm-up workers, when they were replaced (_prime)
+        self.warmup: dict = {}  # {side: pid} of the pair that warmed the cells up (it measures nothing)
+        self.warmup_hellos: dict = {}
+        self.primed: dict | None = None  # when the warm-up compiled or tuned: k is calibrated afresh
         self.contested: list[str] = []  # cells given extra rounds
         self.integrity: dict[str, list[str]] = {"base": [], "cand": []}
         self.run_findings: list[dict] = []  # guard findings about the whole run (timer patches)
@@ -132,19 +135,15 @@ class Session:
                 setup_timeout=self.cfg.setup_timeout, use_forkserver=self.cfg.forkserver,
                 preload_file=forkservers.preload_file(self.python, self.op, self.cfg.import_mode), gpu=self.gpu,
                 import_mode=self.cfg.import_mode))
-            # Every pair the run is known to need, started now: the imports overlap.
-            self.pool.prestart("round1", self._order(0))
-            for rnd in range(1, max(1, self.cfg.rounds)):
+            # Every pair the run is known to need, started now: the imports overlap. Importing
+            # compiles nothing, so the measuring pairs stay processes that did nothing but import.
+            self.pool.prestart("warmup", self._order(0))
+            for rnd in range(max(1, self.cfg.rounds)):
                 self.pool.prestart(f"round{rnd + 1}", self._order(rnd))
             if self.cfg.import_mode == "lean":
                 # the real import of both trees, beside the run: its numeric settings must be the
                 # lean processes' (checked after round 1, when it has long finished importing)
                 self.pool.prestart("reference", self._order(0), import_mode="full")
-            if not self.cfg.aa or _cache_entries(cache) == 0:
-                # a changed candidate (or a cold cache) compiles in the warm-up, and then fresh
-                # processes measure (_prime): theirs is the longest import to wait for, so it starts
-                # now; importing compiles nothing, so they stay processes that compiled nothing
-                self.pool.prestart("primed", self._order(0))
             self._mark("workers started")
             planned, rnd = max(1, self.cfg.rounds), 0
             while rnd < planned:
@@ -154,9 +153,11 @@ class Session:
                     break
                 if rnd:
                     self.on_event("round", round=rnd + 1, rounds=planned, cells=len(todo))
-                self._take(f"round{rnd + 1}")
-                self._mark(f"round {rnd + 1}: workers ready")
-                if rnd == 0:
+                    self._take(f"round{rnd + 1}")
+                    self._mark(f"round {rnd + 1}: workers ready")
+                else:
+                    self._take("warmup")
+                    self._mark("warm-up: workers ready")
                     hello = self.workers["base"].hello
                     self.clocks = Clocks(hello.get("device_uuid"))
                     self.env_info = fingerprint(hello, self.clocks)
@@ -165,11 +166,9 @@ class Session:
                         self.transfer = {"how": "file", "why": "no GPU: CUDA IPC needs one"}
                     self.env_info["idle"] = idle_evidence(self.clocks, own_pids=self.pool.pids())
                     entries = _cache_entries(cache)
-                    self._warm_all(cache, entries)
+                    self._warm_all()
                     self._mark("warm-up done")
-                    self._prime(_cache_entries(cache) - entries)
-                    if self.primed:
-                        self._mark("primed: fresh workers ready")
+                    self._fresh_pair(_cache_entries(cache) - entries)
                     todo = self._round_cells(0)
                 for res in todo:
                     if self._blocked_run():
@@ -290,27 +289,30 @@ class Session:
             return ok
         return [r for r in ok if r.cell.id in self.contested]
 
-    def _prime(self, new_entries: int) -> None:
-        """Measure in processes that compiled and tuned nothing: when the warm-up added to the
-        Triton cache, replace both workers (the new ones load every kernel and shared autotune pick
-        from disk) before the first pair. The first of them to set up a cell calibrates k afresh.
+    def _fresh_pair(self, new_entries: int) -> None:
+        """Round 1 is measured by a fresh pair, like every later round: the warm-up pair is closed.
 
-        On the H200 the process that had compiled and autotuned B8_T2048_H32_D256 fwdbwd ran it
-        1.1% slower than a process that loaded the same kernels and picks from the cache
-        (identical code, same configs), in two runs out of two.
+        Every measuring process then has the same history (it imported, then set up the cells it
+        measures), so the start-order offset is the same in every round and cancels over rounds of
+        swapped order. On the H200 (2026-11-30) round 1 measured in the warm-up pair scattered
+        more than round 2 (mean |round estimate| 0.11-0.28% against 0.10-0.15% over six 12-cell
+        A/As) and took two A/As to 0.28%; and a process that had compiled and autotuned
+        B8_T2048_H32_D256 fwdbwd ran it 1.1% slower than one that loaded the same kernels and picks
+        from the cache. When the warm-up compiled or tuned (`new_entries`), the first side of the
+        fresh pair to set up a cell also calibrates k afresh.
         """
-        if new_entries <= 0 or not any(r.status == "pending" for r in self.results):
-            self.pool.drop("primed")
-            return
-        self.on_event("prime", new_entries=new_entries)
-        before = [r.cell.id for r in self.results if any(p.round == 0 for p in r.pairs)]
-        self.primed = {"new_cache_entries": new_entries,
-                       "discarded": {side: w.hello.get("pid") for side, w in self.workers.items()},
-                       "measured_before": before}  # in the warm-up pair, before anything compiled
+        self.warmup = {side: w.hello.get("pid") for side, w in self.workers.items()}
+        self.warmup_hellos = self.hellos.pop()
         self._close_workers()
-        if not before:
-            self.hellos.pop()
-        self._take("primed")
+        if not any(r.status == "pending" for r in self.results):
+            self.pool.drop("round1")
+            self.workers = {}
+            return
+        if new_entries > 0:
+            self.on_event("prime", new_entries=new_entries)
+            self.primed = {"new_cache_entries": new_entries, "discarded": dict(self.warmup)}
+        self._take("round1")
+        self._mark("round 1: workers ready")
 
     def _ask(self, side: str, cmd: str, timeout: float, **payload) -> dict:
         return self._ask_both(cmd, timeout, {side: payload})[side]
@@ -362,22 +364,12 @@ class Session:
         wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, k, timer, self.cfg.min_sample_ms)
         return self._ask(side, "setup", self.cfg.setup_timeout, cell=wire)
 
-    def _warm_all(self, cache: Path, entries: int) -> None:
-        """Warm every cell up. While nothing has been compiled or tuned (a warm Triton cache: the
-        usual verify), each cell is measured for round 1 right after its warm-up, in the same pair
-        and as it is set up: these processes are still ones that compiled nothing, and the second
-        setup of every cell on both sides is saved. From the first warm-up that adds to the cache
-        on, cells are only warmed, and fresh processes measure them (_prime)."""
-        compiled = False
+    def _warm_all(self) -> None:
         for i, res in enumerate(self.results):
             self.on_event("warm", cell=res.cell.id, index=i, total=len(self.results))
             try:
                 self._warm(res)
-                compiled = compiled or _cache_entries(cache) > entries
-                if res.status == "pending" and not (self.broken or compiled or self._blocked_run()):
-                    self._measure(res, set_up=True)
-                    self._mark(f"round 1: {res.cell.id} measured")  # before "warm-up done": in the warm-up pair
-                elif not self.broken:
+                if not self.broken:
                     self._release(res)
             except WorkerFailed as exc:
                 self._cell_failed(res, exc)
@@ -385,9 +377,6 @@ class Session:
                     return
             if self.broken and not self._restart(self.broken):
                 return
-            if compiled:
-                # this warm-up compiles: the processes that will measure start importing now
-                self.pool.prestart("primed", self._order(0))
             if self._blocked_run():
                 return
 
@@ -513,12 +502,11 @@ class Session:
     def _clock(self) -> ClockReading | None:
         return self.clocks.read() if self.clocks else None
 
-    def _measure(self, res: CellResult, set_up: bool = False) -> None:
-        """Sample one cell for this round (`set_up`: in the pair that just warmed it up, as it is).
-        A crash or hang fails the cell; a fresh pair goes on."""
+    def _measure(self, res: CellResult) -> None:
+        """Sample one cell for this round. A crash or hang fails the cell; a fresh pair goes on."""
         t0 = time.monotonic()
         try:
-            self._sample_cell(res, t0, set_up)
+            self._sample_cell(res, t0)
             if self.broken:
                 self._restart(self.broken)
             else:
@@ -533,8 +521,8 @@ class Session:
     def _setup_pair(self, res: CellResult) -> bool:
         """Both sides set the cell up for this round's process pair, one after the other in the
         round's start order (the H200 once showed a setup-order offset: see BenchConfig.rounds);
-        False when one failed. After _prime the first side calibrates k afresh: the warm-up
-        process that compiled may have timed the op slower than the processes that measure it."""
+        False when one failed. When the warm-up compiled (_fresh_pair) the first side calibrates k
+        afresh: the warm-up process may have timed the op slower than the processes that measure it."""
         k = None if self.round == 0 and self.primed else res.k
         for side in self._order():
             r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto")
@@ -546,7 +534,7 @@ class Session:
                 k = res.k
         return True
 
-    def _sample_cell(self, res: CellResult, t0: float, set_up: bool = False) -> None:
+    def _sample_cell(self, res: CellResult, t0: float) -> None:
         # Each round takes its share of the pairs and time; the first round's target half-width
         # is wider by sqrt(rounds), so that the pooled CI lands near the configured one. Later
         # rounds take as many pairs as the first kept, so that every process pair weighs the
@@ -560,7 +548,7 @@ class Session:
             min_r = max_r = first
         rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
                                      max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
-        if not set_up and not self._setup_pair(res):
+        if not self._setup_pair(res):
             return None
         mine: list[Pair] = []
         while True:

@@ -102,8 +102,8 @@ def print_bench(record: dict, console: Console) -> None:
                       f"worst {g.get('worst_cell_id')} {g['worst_speedup']:.4f}x  regressions {g['n_regressions']}  "
                       f"({s['n_measured']}/{s['n_cells']} cells measured)")
     if record.get("primed"):
-        console.print(f"measured in fresh workers: the warm-up compiled or tuned "
-                      f"({record['primed']['new_cache_entries']} new Triton cache entries)")
+        console.print(f"the warm-up compiled or tuned ({record['primed']['new_cache_entries']} new Triton cache "
+                      "entries): k calibrated afresh by the measuring workers")
     fs = (record.get("env") or {}).get("forkserver") or {}
     if fs.get("used"):
         console.print(f"workers forked from a warm fork server (pid {fs.get('pid')})")
