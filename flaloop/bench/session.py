@@ -6,18 +6,14 @@ The session never times anything itself (workers do) and never imports torch. Or
    and one pair per later round, forked from a server that imported the target's libraries once
    where it can. The candidate imports the op from the working tree, the base from a detached
    worktree of the base commit; each proves it by its op module's `__file__`.
-2. Warm-up, for every cell on both sides before any timed sample: build inputs, compile,
-   autotune, capture and prove the CUDA graph. The base's outputs and gradients must be finite
-   (else the inputs are outside the op's domain and the cell is refused) and the candidate's
-   must match the base's, also on inputs changed in place (else the cell is blocked); then the
-   guard's probes on both sides (docs/GUARD.md). The results cross from base to candidate as
-   CUDA IPC handles (bench/worker/compare.py).
+2. Warm-up (bench/warmup.py), for every cell on both sides before any timed sample: set up,
+   compile, autotune, check the candidate's results against the base's, the guard's probes.
 3. The warm-up pair is closed: it measures nothing (`_fresh_pair`).
-4. Rounds: pairs in ABBA order in each round's own fresh processes (round 1's too), the start
-   order swapped every round; GPU clock read around each pair; pairs below the clock floor or throttled dropped.
-   A cell stops when the stopping rule says so, or once settled beyond the margin; it still
-   takes every planned round (as many pairs as round 1 kept): a per-process effect would show
-   in round 1 alone as confidently as a real speedup.
+4. Rounds (bench/sampling.py): pairs in ABBA order in each round's own fresh processes (round
+   1's too), the start order swapped every round. A cell stops when the stopping rule says so,
+   or once settled beyond the margin; it still takes every planned round (as many pairs as
+   round 1 kept): a per-process effect would show in round 1 alone as confidently as a real
+   speedup.
 5. Analysis (bench/analysis.py) and the run record (bench/record.py).
 
 A worker that crashes or hangs fails the cell it was on; a fresh pair takes over the rest.
@@ -25,7 +21,6 @@ A worker that crashes or hangs fails the cell it was on; a fresh pair takes over
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -33,16 +28,16 @@ from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import numpy as np
-
-from flaloop import git, stats
+from flaloop import git
 from flaloop.bench import forkservers
-from flaloop.bench.analysis import round_estimates, settled, tuning_differences
-from flaloop.bench.model import BenchConfig, Cell, CellResult, Pair
+from flaloop.bench.analysis import round_estimates
+from flaloop.bench.model import BenchConfig, Cell, CellResult
 from flaloop.bench.pool import WorkerPool
+from flaloop.bench.sampling import Sampling
+from flaloop.bench.warmup import WarmUp
 from flaloop.bench.workers import Worker, WorkerFailed
 from flaloop.errors import MeasurementError
-from flaloop.evidence import ClockReading, Clocks, fingerprint, idle_evidence
+from flaloop.evidence import Clocks, fingerprint, idle_evidence
 from flaloop.guard import probes as guard_probes
 from flaloop.guard.findings import apply_allowances
 
@@ -66,7 +61,7 @@ def _cache_entries(cache: Path) -> int:
         return 0
 
 
-class Session:
+class Session(WarmUp, Sampling):
     def __init__(self, *, root: Path, python: str, op: str, registry_rel: str, base_commit: str,
                  cells: list[Cell], config: BenchConfig, run_dir: Path, on_event: Events | None = None,
                  allowed: list[dict] | None = None, gpu: str | None = None,
@@ -358,27 +353,11 @@ class Session:
     def _blocked_run(self) -> bool:
         return any(f.get("blocking") for f in self.run_findings)
 
-    # -- phase 1: warm-up, correctness and probes --
+    # -- helpers of both phases (the warm-up: bench/warmup.py; the sampling: bench/sampling.py) --
 
     def _setup(self, res: CellResult, side: str, k: int | None, timer: str) -> dict:
         wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, k, timer, self.cfg.min_sample_ms)
         return self._ask(side, "setup", self.cfg.setup_timeout, cell=wire)
-
-    def _warm_all(self) -> None:
-        for i, res in enumerate(self.results):
-            self.on_event("warm", cell=res.cell.id, index=i, total=len(self.results))
-            try:
-                self._warm(res)
-                if not self.broken:
-                    self._release(res)
-            except WorkerFailed as exc:
-                self._cell_failed(res, exc)
-                if not self._restart(exc.message):
-                    return
-            if self.broken and not self._restart(self.broken):
-                return
-            if self._blocked_run():
-                return
 
     def _cell_failed(self, res: CellResult, exc: WorkerFailed) -> None:
         self.errors.append(f"{res.cell.id}: {exc.message}\n{exc.stderr[-3000:]}")
@@ -392,100 +371,6 @@ class Session:
         if live:
             self._ask_both("release", 120, live)
 
-    def _warm(self, res: CellResult) -> None:
-        base = self._setup(res, "base", None, "auto")
-        res.setup["base"] = base
-        if not base.get("ok"):
-            return self._fail(res, "base", base)
-        nonfinite = {n: c for n, c in base.get("nonfinite", {}).items() if c}
-        if nonfinite:
-            res.status, res.reason = "refused", (
-                "inputs outside the op's domain: the BASE gives non-finite values "
-                + ", ".join(f"{n}: {c}" for n, c in nonfinite.items())
-                + " (override an input transform in the contract, e.g. --input k=l2norm)")
-            return None
-        cand = self._setup(res, "cand", base["k"], "auto")
-        res.setup["cand"] = cand
-        if not cand.get("ok"):
-            return self._fail(res, "cand", cand)
-        res.tuning_differs = tuning_differences(base.get("tuning") or {}, cand.get("tuning") or {})
-        if cand["timer"] != base["timer"]:  # both sides must be timed the same way
-            why = cand.get("capture_error") or base.get("capture_error")
-            base = self._setup(res, "base", base["k"], "eager")
-            cand = self._setup(res, "cand", base["k"], "eager")
-            res.setup.update(base=base, cand=cand, timer_note=f"one side could not be captured: {why}")
-            if not (base.get("ok") and cand.get("ok")):
-                return self._fail(res, "base" if not base.get("ok") else "cand", base if not base.get("ok") else cand)
-        res.timer, res.k = base["timer"], base["k"]
-        cmp_ = self._exchange(res, mutated=False)
-        if cmp_ is None:
-            return None
-        res.diff = cmp_
-        if not cmp_.get("match"):
-            worst = sorted(cmp_.get("tensors", {}).items(), key=lambda kv: -(kv[1].get("rel_rms") or 0))[:3]
-            res.status, res.reason = "blocked", (
-                "candidate differs from base: " + ", ".join(
-                    f"{n} rel-RMS {t.get('rel_rms')}, non-finite {t.get('nonfinite_self')}" for n, t in worst))
-            found = guard_probes.finding("differs-from-base", res.reason, res.cell.id)
-            res.findings = [f.to_dict() for f in apply_allowances([found], [])]  # never allowable: it is wrong
-            return None
-        if self.cfg.probes:
-            self._probe(res)
-        return None
-
-    def _exchange(self, res: CellResult, mutated: bool) -> dict | None:
-        """The base's results on set 0 (with `mutated`: on inputs changed in place) compared in the
-        candidate with its own; None when a side failed (the cell is failed). On a GPU the results
-        cross as CUDA IPC handles; where that is impossible, as a file in the run directory."""
-        dump = self.run_dir / f"{'mutated' if mutated else 'dump'}-{self.results.index(res)}.pt"
-        share = self.transfer["how"] == "cuda-ipc"
-        try:
-            d = self._ask("base", "dump", self.cfg.setup_timeout, cell=res.cell.id, path=str(dump),
-                          mutated=mutated, share=share)
-            if not d.get("ok"):
-                return self._fail(res, "base", d)
-            if share and not d.get("shared"):
-                self.transfer = {"how": "file", "why": d.get("share_error") or "the base could not share"}
-            ref = {"shared": d["shared"]} if d.get("shared") else {"ref": str(dump)}
-            c = self._ask("cand", "compare", self.cfg.setup_timeout, cell=res.cell.id, tol=self.cfg.diff_tol,
-                          mutated=mutated, **ref)
-            if d.get("shared"):
-                self._ask("base", "unshare", 120)
-                if c.get("shared_error"):  # the candidate could not map the handles: the file, from now on
-                    self.transfer = {"how": "file", "why": f"the candidate could not map them: {c['shared_error']}"}
-                    return self._exchange(res, mutated)
-        finally:
-            dump.unlink(missing_ok=True)
-        if not c.get("ok"):
-            return self._fail(res, "cand", c)
-        return c
-
-    def _probe(self, res: CellResult) -> None:
-        t0 = time.monotonic()
-        try:
-            # one side after the other: each alone on the GPU, as the determinism probe must see it
-            replies = {side: self._ask(side, "probe", self.cfg.setup_timeout, cell=res.cell.id)
-                       for side in self._order()}
-            b, c = replies["base"], replies["cand"]
-            for side, r in replies.items():
-                if not r.get("ok"):
-                    return self._fail(res, side, r)
-            mutated = self._exchange(res, mutated=True)
-            if mutated is None:
-                return None
-        finally:
-            self.probe_seconds += time.monotonic() - t0
-        res.probes = {"base": b["probes"], "cand": c["probes"], "mutated": mutated,
-                      "seconds": {"base": b.get("seconds"), "cand": c.get("seconds"),
-                                  "mutated": mutated.get("seconds")}}
-        found = guard_probes.cell_findings(res.cell.id, b["probes"], c["probes"], mutated,
-                                           self.cfg.diff_tol, aa=self.cfg.aa)
-        res.findings = [f.to_dict() for f in apply_allowances(found, self.allowed)]
-        blocking = sorted({f["rule"] for f in res.findings if f["blocking"]})
-        if blocking:
-            res.status, res.reason = "blocked", "guard: " + ", ".join(blocking)
-        return None
-
     def _fail(self, res: CellResult, side: str, reply: dict) -> None:
         error = str(reply.get("error", "unknown error"))
         if error.startswith("skip:"):
@@ -496,121 +381,6 @@ class Session:
             if any(s in error for s in STICKY_CUDA):
                 self.broken = f"the {side} worker's CUDA context is broken ({error[:200]})"
                 self.errors.append(f"{res.cell.id}: {self.broken}")
-
-    # -- phase 2: paired sampling --
-
-    def _clock(self) -> ClockReading | None:
-        return self.clocks.read() if self.clocks else None
-
-    def _measure(self, res: CellResult) -> None:
-        """Sample one cell for this round. A crash or hang fails the cell; a fresh pair goes on."""
-        t0 = time.monotonic()
-        try:
-            self._sample_cell(res, t0)
-            if self.broken:
-                self._restart(self.broken)
-            else:
-                self._release(res)
-        except WorkerFailed as exc:
-            self._cell_failed(res, exc)
-            res.reason = f"round {self.round + 1}: {res.reason}"
-            self._restart(exc.message)
-        finally:
-            res.seconds += time.monotonic() - t0
-
-    def _setup_pair(self, res: CellResult) -> bool:
-        """Both sides set the cell up for this round's process pair, one after the other in the
-        round's start order (the H200 once showed a setup-order offset: see BenchConfig.rounds);
-        False when one failed. When the warm-up compiled (_fresh_pair) the first side calibrates k
-        afresh: the warm-up process may have timed the op slower than the processes that measure it."""
-        k = None if self.round == 0 and self.primed else res.k
-        for side in self._order():
-            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto")
-            if not r.get("ok"):
-                self._fail(res, side, r)
-                return False
-            if k is None:
-                res.setup["k_warmup"], res.k = res.k, r["k"]
-                k = res.k
-        return True
-
-    def _sample_cell(self, res: CellResult, t0: float) -> None:
-        # Each round takes its share of the pairs and time; the first round's target half-width
-        # is wider by sqrt(rounds), so that the pooled CI lands near the configured one. Later
-        # rounds take as many pairs as the first kept, so that every process pair weighs the
-        # same in the pooled estimate and a start-order offset cancels.
-        n_rounds = max(1, self.cfg.rounds)
-        min_r = max(2, math.ceil(self.cfg.min_pairs / n_rounds))
-        min_r += min_r % 2  # whole ABBA blocks
-        max_r = max(min_r, math.ceil(self.cfg.max_pairs / n_rounds))
-        first = sum(p.round == 0 and p.dropped is None for p in res.pairs)
-        if self.round and first >= 2:
-            min_r = max_r = first
-        rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
-                                     max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
-        if not self._setup_pair(res):
-            return None
-        mine: list[Pair] = []
-        while True:
-            if self._blocked_run():
-                return None
-            order = "AB" if len(mine) % 2 == 0 else "BA"
-            before = self._clock()
-            t, wall = {}, {}
-            for side in (("base", "cand") if order == "AB" else ("cand", "base")):
-                r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1)
-                times = r.get("times_ms") or [None]
-                if not r.get("ok") or times[0] is None or not times[0] > 0:
-                    return self._fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
-                t[side] = times[0]
-                wall[side] = (r.get("wall_ms") or [None])[0]
-            after = self._clock()
-            pair = Pair(order, t["base"], t["cand"], before and before.to_dict(), after and after.to_dict(),
-                        self._drop_reason(before, after), round=self.round, base_wall_ms=wall["base"],
-                        cand_wall_ms=wall["cand"])
-            res.pairs.append(pair)
-            mine.append(pair)
-            r_kept = np.log(np.array([p.cand_ms / p.base_ms for p in mine if p.dropped is None]))
-            self.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
-            # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
-            # calibrated on the base) must still get enough pairs to be called SLOWER
-            elapsed = time.monotonic() - t0 if len(r_kept) >= min(min_r, 6) else 0.0
-            done = rule.enough(r_kept, elapsed)
-            # settled: judged on the stopping rule's own latest CI (no second bootstrap per pair)
-            state = (settled(rule.last, self.cfg.margin, self.cfg.settle_band)
-                     if not done and self.round == 0 and len(r_kept) >= min_r else None)
-            if done or state or len(mine) >= 3 * max_r:
-                why = (f"settled: the CI lies {state} the margin" if state else
-                       f"{len(r_kept)} pairs, as many as round 1" if self.round and first >= 2
-                       and rule.reason.startswith("pair cap") else rule.reason)
-                res.settled = state == "beyond"
-                res.stop_reason = (res.stop_reason + "; " if res.stop_reason else "") + (
-                    f"round {self.round + 1}: {why}" if n_rounds > 1 else why)
-                break
-        for i in range(max(2, self.cfg.n_eager // n_rounds)):
-            for side in (("base", "cand") if i % 2 == 0 else ("cand", "base")):
-                r = self._ask(side, "eager", self.cfg.sample_timeout, cell=res.cell.id, n=1)
-                if r.get("ok"):
-                    e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
-                    e["host_ms"] += r["host_ms"]
-                    e["wall_ms"] += r["wall_ms"]
-        kept = sum(p.dropped is None for p in mine)
-        if kept < 2:
-            res.status = "failed"
-            res.reason = f"round {self.round + 1}: only {kept} usable pairs ({len(mine) - kept} dropped)"
-        else:
-            res.status = "ok"  # for now: the pooled count is judged after the last round
-        return None
-
-    def _drop_reason(self, before: ClockReading | None, after: ClockReading | None) -> str | None:
-        for r in (before, after):
-            if r is None:
-                continue
-            if r.throttled:
-                return f"throttled (reasons 0x{r.throttle_reasons:x})"
-            if r.fraction_of_max < self.cfg.clock_floor:
-                return f"SM clock {r.sm_mhz} MHz < {self.cfg.clock_floor:.0%} of {r.sm_max_mhz}"
-        return None
 
 
 __all__ = ["BenchConfig", "MeasurementError", "Session"]

@@ -1,0 +1,137 @@
+"""The session's paired sampling of one cell in one round's process pair.
+
+Both sides set the cell up (in the round's start order), then pairs in ABBA order, the GPU clock
+read around each pair (pairs below the clock floor or throttled are dropped), until the stopping
+rule says so or the cell is settled beyond the margin in round 1; later rounds take as many pairs
+as round 1 kept. Then a few eager samples (host launch cost) on both sides.
+
+A mixin of `Session` (bench/session.py), which holds the state these methods use.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from flaloop import stats
+from flaloop.bench.analysis import settled
+from flaloop.bench.model import CellResult, Pair
+from flaloop.bench.workers import WorkerFailed
+from flaloop.evidence import ClockReading
+
+
+class Sampling:
+    def _clock(self) -> ClockReading | None:
+        return self.clocks.read() if self.clocks else None
+
+    def _measure(self, res: CellResult) -> None:
+        """Sample one cell for this round. A crash or hang fails the cell; a fresh pair goes on."""
+        t0 = time.monotonic()
+        try:
+            self._sample_cell(res, t0)
+            if self.broken:
+                self._restart(self.broken)
+            else:
+                self._release(res)
+        except WorkerFailed as exc:
+            self._cell_failed(res, exc)
+            res.reason = f"round {self.round + 1}: {res.reason}"
+            self._restart(exc.message)
+        finally:
+            res.seconds += time.monotonic() - t0
+
+    def _setup_pair(self, res: CellResult) -> bool:
+        """Both sides set the cell up for this round's process pair, one after the other in the
+        round's start order (the H200 once showed a setup-order offset: see BenchConfig.rounds);
+        False when one failed. When the warm-up compiled (_fresh_pair) the first side calibrates k
+        afresh: the warm-up process may have timed the op slower than the processes that measure it."""
+        k = None if self.round == 0 and self.primed else res.k
+        for side in self._order():
+            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto")
+            if not r.get("ok"):
+                self._fail(res, side, r)
+                return False
+            if k is None:
+                res.setup["k_warmup"], res.k = res.k, r["k"]
+                k = res.k
+        return True
+
+    def _sample_cell(self, res: CellResult, t0: float) -> None:
+        # Each round takes its share of the pairs and time; the first round's target half-width
+        # is wider by sqrt(rounds), so that the pooled CI lands near the configured one. Later
+        # rounds take as many pairs as the first kept, so that every process pair weighs the
+        # same in the pooled estimate and a start-order offset cancels.
+        n_rounds = max(1, self.cfg.rounds)
+        min_r = max(2, math.ceil(self.cfg.min_pairs / n_rounds))
+        min_r += min_r % 2  # whole ABBA blocks
+        max_r = max(min_r, math.ceil(self.cfg.max_pairs / n_rounds))
+        first = sum(p.round == 0 and p.dropped is None for p in res.pairs)
+        if self.round and first >= 2:
+            min_r = max_r = first
+        rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
+                                     max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
+        if not self._setup_pair(res):
+            return None
+        mine: list[Pair] = []
+        while True:
+            if self._blocked_run():
+                return None
+            order = "AB" if len(mine) % 2 == 0 else "BA"
+            before = self._clock()
+            t, wall = {}, {}
+            for side in (("base", "cand") if order == "AB" else ("cand", "base")):
+                r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1)
+                times = r.get("times_ms") or [None]
+                if not r.get("ok") or times[0] is None or not times[0] > 0:
+                    return self._fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
+                t[side] = times[0]
+                wall[side] = (r.get("wall_ms") or [None])[0]
+            after = self._clock()
+            pair = Pair(order, t["base"], t["cand"], before and before.to_dict(), after and after.to_dict(),
+                        self._drop_reason(before, after), round=self.round, base_wall_ms=wall["base"],
+                        cand_wall_ms=wall["cand"])
+            res.pairs.append(pair)
+            mine.append(pair)
+            r_kept = np.log(np.array([p.cand_ms / p.base_ms for p in mine if p.dropped is None]))
+            self.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
+            # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
+            # calibrated on the base) must still get enough pairs to be called SLOWER
+            elapsed = time.monotonic() - t0 if len(r_kept) >= min(min_r, 6) else 0.0
+            done = rule.enough(r_kept, elapsed)
+            # settled: judged on the stopping rule's own latest CI (no second bootstrap per pair)
+            state = (settled(rule.last, self.cfg.margin, self.cfg.settle_band)
+                     if not done and self.round == 0 and len(r_kept) >= min_r else None)
+            if done or state or len(mine) >= 3 * max_r:
+                why = (f"settled: the CI lies {state} the margin" if state else
+                       f"{len(r_kept)} pairs, as many as round 1" if self.round and first >= 2
+                       and rule.reason.startswith("pair cap") else rule.reason)
+                res.settled = state == "beyond"
+                res.stop_reason = (res.stop_reason + "; " if res.stop_reason else "") + (
+                    f"round {self.round + 1}: {why}" if n_rounds > 1 else why)
+                break
+        for i in range(max(2, self.cfg.n_eager // n_rounds)):
+            for side in (("base", "cand") if i % 2 == 0 else ("cand", "base")):
+                r = self._ask(side, "eager", self.cfg.sample_timeout, cell=res.cell.id, n=1)
+                if r.get("ok"):
+                    e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
+                    e["host_ms"] += r["host_ms"]
+                    e["wall_ms"] += r["wall_ms"]
+        kept = sum(p.dropped is None for p in mine)
+        if kept < 2:
+            res.status = "failed"
+            res.reason = f"round {self.round + 1}: only {kept} usable pairs ({len(mine) - kept} dropped)"
+        else:
+            res.status = "ok"  # for now: the pooled count is judged after the last round
+        return None
+
+    def _drop_reason(self, before: ClockReading | None, after: ClockReading | None) -> str | None:
+        for r in (before, after):
+            if r is None:
+                continue
+            if r.throttled:
+                return f"throttled (reasons 0x{r.throttle_reasons:x})"
+            if r.fraction_of_max < self.cfg.clock_floor:
+                return f"SM clock {r.sm_mhz} MHz < {self.cfg.clock_floor:.0%} of {r.sm_max_mhz}"
+        return None
