@@ -171,3 +171,30 @@ def test_a_worker_forked_with_a_module_of_its_tree_refuses_and_the_run_spawns(to
             listing.unlink(missing_ok=True)
         else:
             listing.write_text(learned)
+
+
+def test_a_run_waits_for_a_starting_server_only_while_it_can_still_come(tmp_path, monkeypatch):
+    """The `.starting` marker makes a run wait for a server that is preloading, but a marker whose
+    process is gone, or one left so long ago that no preload takes that long, costs no wait."""
+    import time
+
+    env = {"ONLY_THIS_TEST": str(tmp_path)}  # a key no other test has, in the session's socket dir
+    k = forkservers.key(sys.executable, env, ["torch"])
+    marker = forkservers.socket_path(k, "starting")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    marker.write_text(f"{dead.pid}\n")
+    t0 = time.monotonic()
+    assert forkservers.ForkServer.connect(sys.executable, env, ["torch"]) is None
+    assert time.monotonic() - t0 < 5 and not marker.exists()  # its process is gone: removed, no wait
+    marker.write_text(f"{os.getpid()}\n")  # alive, but the marker is too old for a preload
+    old = time.time() - 4 * forkservers.STARTING_WAIT_S - 10
+    os.utime(marker, (old, old))
+    t0 = time.monotonic()
+    assert forkservers.ForkServer.connect(sys.executable, env, ["torch"]) is None
+    assert time.monotonic() - t0 < 5 and not marker.exists()
+    monkeypatch.setattr(forkservers, "STARTING_WAIT_S", 1.0)
+    marker.write_text(f"{os.getpid()}\n")  # alive and fresh: waited for, up to the limit
+    t0 = time.monotonic()
+    assert forkservers.ForkServer.connect(sys.executable, env, ["torch"]) is None
+    assert 0.9 <= time.monotonic() - t0 < 5
