@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conftest import alive, edit, flaloop, wait_for
 
+from flaloop import git
 from flaloop.bench import forkservers
 
 FAST = Path("toyop/ops/toy/fast.py")
@@ -86,10 +87,20 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
         proc.wait()
         assert wait_for(lambda: not [w for w in workers if alive(w)], 10), "a forked worker outlived flaloop"
         assert alive(server)
+        # the killed run's base worktree (under the temp dir) is removed by the next run
+        left = [p for p in git.list_worktrees(toy) if Path(p) != toy]
+        assert left and all(Path(p).exists() for p in left)
+        gate.unlink()
+        after = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1")
+        assert after.code == 0, after.stderr[-3000:]
+        assert not any(Path(p).exists() for p in left) and git.list_worktrees(toy) == [str(toy)]
     finally:
         gate.unlink(missing_ok=True)
         if proc.poll() is None:
             proc.kill()
+        for p in git.list_worktrees(toy):  # never leave the temp dir a worktree, whatever failed above
+            if Path(p) != toy:
+                git.remove_worktree(toy, Path(p))
 
 
 def test_an_edited_library_retires_the_server_and_too_many_servers_make_room(tmp_path, monkeypatch):
