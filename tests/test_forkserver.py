@@ -206,6 +206,13 @@ def test_a_run_waits_for_a_starting_server_only_while_it_can_still_come(tmp_path
     assert time.monotonic() - t0 < 5 and not marker.exists()
     monkeypatch.setattr(forkservers, "STARTING_WAIT_S", 1.0)
     marker.write_text(f"{os.getpid()}\n")  # alive and fresh: waited for, up to the limit
+    assert forkservers.starting(sys.executable, env, ["torch"]) == forkservers.socket_path(k)
     t0 = time.monotonic()
     assert forkservers.ForkServer.connect(sys.executable, env, ["torch"]) is None
     assert 0.9 <= time.monotonic() - t0 < 5
+    # a run that is ending only asks whether one is warm or coming: it never waits, starts no second
+    t0 = time.monotonic()
+    assert forkservers.ForkServer.connect(sys.executable, env, ["torch"], wait=False) is None
+    assert time.monotonic() - t0 < 0.5
+    marker.write_text(f"{dead.pid}\n")
+    assert forkservers.starting(sys.executable, env, ["torch"]) is None

@@ -113,14 +113,16 @@ class ForkServer:
         self._lock = threading.Lock()
 
     @classmethod
-    def connect(cls, python: str, env: dict, preload: list[str], timeout: float = 10.0) -> ForkServer | None:
-        """The warm server for this key, or None (none runs, or it was stale and has retired)."""
+    def connect(cls, python: str, env: dict, preload: list[str], timeout: float = 10.0,
+                wait: bool = True) -> ForkServer | None:
+        """The warm server for this key, or None (none runs, or it was stale and has retired).
+        With `wait`, one of this key that is still preloading is waited for (STARTING_WAIT_S)."""
         k = key(python, env, preload)
         try:
             path = socket_path(k)
         except (OSError, RuntimeError):
             return None
-        if not path.exists() and not _wait_for_start(k, STARTING_WAIT_S):
+        if not path.exists() and not (wait and _wait_for_start(k, STARTING_WAIT_S)):
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sock.settimeout(timeout)
@@ -189,6 +191,17 @@ class ForkServer:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def starting(python: str, env: dict, preload: list[str]) -> Path | None:
+    """The socket a server of this key will listen on, while one is preloading (its marker is
+    there and its process runs)."""
+    try:
+        k = key(python, env, preload)
+        pid = int(socket_path(k, "starting").read_text().strip())
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return socket_path(k) if procs.running(pid) else None
 
 
 def _wait_for_start(k: str, limit: float) -> bool:

@@ -99,10 +99,14 @@ class WorkerPool:
             with contextlib.suppress(StorageError):  # a cache: the next run just preloads less
                 fsutil.atomic_write_json(self.preload_file, names, indent=None)
         if self.server is None or names != self.preload:
-            there = ForkServer.connect(self.python, self.env, names)  # another run's, already warm
+            there = ForkServer.connect(self.python, self.env, names, wait=False)  # another run's, warm
             if there is not None:
                 there.close()
                 self.forkserver["left_warm"] = str(there.path)
+                return
+            coming = forkservers.starting(self.python, self.env, names)  # another run's, preloading
+            if coming is not None:
+                self.forkserver["left_warm"] = str(coming)
                 return
             path = forkservers.start(self.python, self.env, names)
             self.forkserver["left_warm"] = str(path) if path else None
