@@ -101,6 +101,18 @@ def test_a_lean_import_is_checked_against_the_real_one(toy):
     assert {c["verdict"] for c in rec["cells"]} == {"BLOCKED"}
 
 
+def test_a_lean_run_whose_every_cell_is_blocked_in_the_warm_up_still_checks_the_import(toy):
+    """No cell reaches a round (the candidate is wrong): no measuring pair is taken, and the lean
+    import is held against the real one with the warm-up pair's settings."""
+    edit(toy / FAST, "return o.to(q.dtype), None", "return (o * 1.5).to(q.dtype), None")
+    r = flaloop(toy, "bench", "toy_attn", "--import", "lean", "--modes", "fwd", "--json", *QUICK)
+    assert r.code == 1, r.stderr[-2000:]
+    rec = r.json
+    assert {c["verdict"] for c in rec["cells"]} == {"BLOCKED"} and rec["rounds"] == []
+    assert rec["workers"]["cand"]["op_module_file"].startswith(str(toy))
+    assert rec["lean_check"]["differs"] == [] and set(rec["lean_check"]["reference_pids"]) == {"base", "cand"}
+
+
 def test_the_lean_check_compares_the_kernels_one_call_launches():
     from flaloop.guard.probes import lean_kernels
 

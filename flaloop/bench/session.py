@@ -236,7 +236,8 @@ class Session(WarmUp, Sampling):
         try:
             pair, hellos = self.pool.take("reference", self._order(0))
             try:
-                lean = {side: h.get("numeric_at_import") or {} for side, h in self.hellos[0].items()}
+                measured = self.hellos[0] if self.hellos else self.warmup_hellos  # none measured: the warm-up's
+                lean = {side: h.get("numeric_at_import") or {} for side, h in measured.items()}
                 full = {side: h.get("numeric_at_import") or {} for side, h in hellos.items()}
                 found = guard_probes.lean_import(lean, full)
                 res = next((r for r in self.results if r.status == "ok" and r.probes), None)
@@ -299,7 +300,7 @@ class Session(WarmUp, Sampling):
         self.warmup = {side: w.hello.get("pid") for side, w in self.workers.items()}
         self.warmup_hellos = self.hellos.pop()
         self._close_workers()
-        if not any(r.status == "pending" for r in self.results):
+        if self._blocked_run() or not any(r.status == "pending" for r in self.results):
             self.pool.drop("round1")
             self.workers = {}
             return
