@@ -194,26 +194,35 @@ class ForkServer:
 
 
 def starting(python: str, env: dict, preload: list[str]) -> Path | None:
-    """The socket a server of this key will listen on, while one is preloading (its marker is
-    there and its process runs)."""
+    """The socket a server of this key will listen on, while one is preloading."""
     try:
         k = key(python, env, preload)
-        pid = int(socket_path(k, "starting").read_text().strip())
-    except (OSError, RuntimeError, ValueError):
+    except (OSError, RuntimeError):
         return None
-    return socket_path(k) if procs.running(pid) else None
+    return socket_path(k) if _starting_pid(k) is not None else None
+
+
+def _starting_pid(k: str) -> int | None:
+    """The pid of the server of key `k` that is preloading: its `.starting` marker is there, fresh
+    (no preload takes 4 x STARTING_WAIT_S), and its process runs. A marker that fails any of these
+    is removed."""
+    marker = socket_path(k, "starting")
+    try:
+        pid = int(marker.read_text().strip())
+        if time.time() - marker.stat().st_mtime <= 4 * STARTING_WAIT_S and procs.running(pid):
+            return pid
+    except (OSError, ValueError):
+        return None
+    with contextlib.suppress(OSError):
+        marker.unlink()
+    return None
 
 
 def _wait_for_start(k: str, limit: float) -> bool:
     """True once the server of key `k` that a run started is listening; False at once when none is
     starting (or it died or failed), else after `limit` s."""
-    marker = socket_path(k, "starting")
-    try:
-        pid = int(marker.read_text().strip())
-        if time.time() - marker.stat().st_mtime > 4 * limit:  # left by a start that went wrong
-            marker.unlink()
-            return False
-    except (OSError, ValueError):
+    pid = _starting_pid(k)
+    if pid is None:
         return False
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -221,7 +230,7 @@ def _wait_for_start(k: str, limit: float) -> bool:
             return True
         if not procs.running(pid) or socket_path(k, "failed").exists():
             with contextlib.suppress(OSError):
-                marker.unlink()
+                socket_path(k, "starting").unlink()
             return False
         time.sleep(0.1)
     return socket_path(k).exists()

@@ -59,9 +59,6 @@ class BenchConfig:
     settle_band: float = 0.01
     # The guard's probes on every cell (docs/GUARD.md); --no-probes is for measuring their cost.
     probes: bool = True
-    # On a GPU the base's results reach the candidate for comparison as CUDA IPC handles (no copy);
-    # off, or where the handles cannot be made or mapped, as a file (bench/worker/compare.py).
-    share_results: bool = True
     # Fork workers from a warm server that imported the target's third-party libraries once
     # (bench/forkservers.py): on the H200 FLA's import took 1.9 s in a forked worker, 10-17 s in a spawned one.
     forkserver: bool = True

@@ -94,7 +94,9 @@ class Session(WarmUp, Sampling):
         self.t0 = time.monotonic()
         self.timeline: list[list] = []  # [what, seconds since the session began]: where a run's time went
         self.waited: dict[str, float] = {}  # seconds the session waited on each command (both sides at once: once)
-        self.transfer = {"how": "cuda-ipc" if config.share_results else "file", "why": None}
+        # how the base's results reach the candidate: CUDA IPC handles, or a file where they cannot
+        # (no GPU, an allocator without IPC, handles the candidate cannot map): bench/warmup.py
+        self.transfer = {"how": "cuda-ipc", "why": None}
 
     def _mark(self, what: str) -> None:
         self.timeline.append([what, round(time.monotonic() - self.t0, 2)])

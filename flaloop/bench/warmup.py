@@ -110,12 +110,12 @@ class WarmUp:
         t0 = time.monotonic()
         try:
             # one side after the other: each alone on the GPU, as the determinism probe must see it
-            replies = {side: self._ask(side, "probe", self.cfg.setup_timeout, cell=res.cell.id)
-                       for side in self._order()}
+            replies = {}
+            for side in self._order():
+                replies[side] = self._ask(side, "probe", self.cfg.setup_timeout, cell=res.cell.id)
+                if not replies[side].get("ok"):
+                    return self._fail(res, side, replies[side])
             b, c = replies["base"], replies["cand"]
-            for side, r in replies.items():
-                if not r.get("ok"):
-                    return self._fail(res, side, r)
             mutated = self._exchange(res, mutated=True)
             if mutated is None:
                 return None

@@ -97,8 +97,8 @@ class Worker:
         self.mod, self.fn = import_op(self.cfg, lean=a.import_mode == 'lean', tree=self.tree)
         self.import_s = time.perf_counter() - t0
         # What the imports built lives as long as the process: later collections (each `release`
-        # runs one) skip it. With FLA's modules and the fork server's preload a full collection
-        # took ~0.3 s a release on the H200.
+        # runs one) skip it. On the H200 a warm 12-cell verify waited 9.3 s on releases before
+        # this, 0.3-0.5 s after (docs/BENCHMARKS.md, seventh session).
         gc.freeze()
 
     # -- dispatch ---------------------------------------------------------------------------------------
