@@ -80,9 +80,9 @@ FINAL = [[["machine", "cycle", "faults"], ["loop", "profile", "report"]], [["gat
 # kernels), then verify against FLA's, whose flaloop side is also the 12-cell A/A.
 CYCLE = [[["machine", "cycle"]], [["slowdown"]], [["verify"]]]
 # verify against FLA's (its caches warmed first, at once: the cold gate on both GPUs beside the
-# bench's lanes), then the planted slowdown on the verify code's measuring path.
-VERIFY = [[["machine", "selftest", "verify"]], [["slowdown"]]]
-VERIFY_ONLY = [[["machine", "selftest", "verify"]]]
+# bench's lanes and the GPU tests), then the planted slowdown on the verify code's measuring path.
+VERIFY = [[["machine", "verify"]], [["slowdown"]]]
+VERIFY_ONLY = [[["machine", "verify"]]]
 PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY, "h200-verify-only": VERIFY_ONLY,
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 

@@ -33,6 +33,9 @@ def test_aa_measures_every_cell_in_abba_pairs_and_cleans_up(toy):
         assert cell["timer"] == "cpu"
         orders = [p["order"] for p in cell["pairs"]]
         assert orders[:4] == ["AB", "BA", "AB", "BA"]
+        # the pairs rotate over the cell's placements a whole ABBA block at a time (the CPU builds one)
+        assert [p["placement"] for p in cell["pairs"]] == [i // 2 % 4 for i in range(len(cell["pairs"]))]
+        assert {(b["side"], b["built"]) for b in cell["setup"]["placements"]} == {("base", 1), ("cand", 1)}
         assert cell["diff"]["match"] is True
         assert set(cell["summary"]["base"]) >= {"median", "mean", "std", "min", "p10", "p90", "n"}
         assert cell["verdict"] in {"SAME", "UNSURE", "FASTER", "SLOWER"}
@@ -243,3 +246,4 @@ def test_aa_on_the_gpu_uses_proven_cuda_graphs_and_reads_clocks(repo):
         assert cell["pairs"][0]["clock_before"]["sm_mhz"] > 0
         assert cell["launch_bound"] in (True, False)
         assert cell["verdict"] in ("SAME", "UNSURE")
+        assert {b["built"] for b in cell["setup"]["placements"]} == {4}  # the default, on both sides

@@ -252,3 +252,5 @@ def test_rounds_below_one_is_a_usage_error(toy):
     assert r.code == 2 and "--rounds 0" in r.stderr
     r = flaloop(toy, "bench", "toy_attn", "--device", "cpu", "--max-rounds", "-1")
     assert r.code == 2 and "--max-rounds -1" in r.stderr
+    r = flaloop(toy, "bench", "toy_attn", "--device", "cpu", "--placements", "0")
+    assert r.code == 2 and "--placements 0" in r.stderr

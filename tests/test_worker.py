@@ -597,6 +597,11 @@ def test_gpu_graph_timer_and_proof(tmp_path):
                 assert w.ok('unshare')['unshared'] is True
             d = w.ok('dump', cell=mode, share=True, mutated=True)
             assert c.ok('compare', cell=mode, shared=d['shared'], tol=1e-3)['match'] is False
+            # more placements of the cell: own inputs and graph memory, each proven, each timed
+            p = w.ok('setup', cell=cell(mode, mode=mode, dtype='bfloat16', shape=shape, k=r['k'], placements=3))
+            assert p['placements'] == 3 and p['placement_bytes'] > 0, p
+            for i in range(4):  # placement 3 is placement 0 again
+                assert w.ok('sample', cell=mode, n=1, placement=i)['times_ms'][0] > 0
             w.ok('release', cell=mode)
             c.ok('release', cell=mode)
         r = w.ok('setup', cell=cell('eager', mode='fwdbwd', dtype='bfloat16', shape=shape, timer='eager', k=4))

@@ -52,6 +52,14 @@ class BenchConfig:
     # time (one of each order), in fresh processes that set up only those cells, up to this many
     # rounds in all: a per-process offset averages out over more processes.
     max_rounds: int = 4
+    # Every measuring worker builds each cell this many times (own inputs, same values; own proven
+    # CUDA graph and memory pool), and the pairs rotate over them in ABBA blocks. Where a cell's
+    # memory lands moves its time: on the H200 the four placements of one cell in one process
+    # differed by up to 0.85%, the same in six processes (benchmarks/placement.py). One placement
+    # per process makes that a per-process offset (an A/A read up to 0.28% with 2 rounds), and a
+    # candidate that merely allocates differently could draw a luckier one. Extra placements take
+    # at most a quarter of the free GPU memory; 1 turns this off (the CPU always has 1).
+    placements: int = 4
     # A cell is settled, and stops taking pairs, once its CI lies beyond the margin by more than
     # this band (FASTER/SLOWER) or inside the margin shrunk by it (SAME): twice the largest
     # start-order offset seen on the H200 (~0.5%). Only round 1 stops early; the later rounds
@@ -82,10 +90,11 @@ class Cell:
     def id(self) -> str:
         return f"{self.shape_name}/{self.mode}"
 
-    def to_wire(self, seed: int, overrides: dict, k: int | None, timer: str, min_sample_ms: float) -> dict:
+    def to_wire(self, seed: int, overrides: dict, k: int | None, timer: str, min_sample_ms: float,
+                placements: int = 1) -> dict:
         return {"id": self.id, "shape": self.shape, "mode": self.mode, "dtype": self.dtype, "seed": seed,
                 "overrides": overrides, "seqlens": list(self.seqlens) if self.seqlens else None, "k": k,
-                "timer": timer, "min_sample_ms": min_sample_ms}
+                "timer": timer, "min_sample_ms": min_sample_ms, "placements": placements}
 
 
 def varlen_shape(name: str, shape: dict, seed: int = 0) -> tuple[str, dict, tuple[int, ...]]:
@@ -127,6 +136,7 @@ class Pair:
     # host wall time of the same synchronized batch, per call (timer cross-check)
     base_wall_ms: float | None = None
     cand_wall_ms: float | None = None
+    placement: int = 0  # which of the cell's placements both sides timed (BenchConfig.placements)
 
 
 @dataclass

@@ -48,11 +48,14 @@ class Sampling:
         False when one failed. When the warm-up compiled (_fresh_pair) the first side calibrates k
         afresh: the warm-up process may have timed the op slower than the processes that measure it."""
         k = None if self.round == 0 and self.primed else res.k
+        built = res.setup.setdefault("placements", [])
         for side in self._order():
-            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto")
+            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto", self.cfg.placements)
             if not r.get("ok"):
                 self._fail(res, side, r)
                 return False
+            built.append({"round": self.round + 1, "side": side, "built": r.get("placements", 1),
+                          "bytes": r.get("placement_bytes")})
             if k is None:
                 res.setup["k_warmup"], res.k = res.k, r["k"]
                 k = res.k
@@ -79,10 +82,11 @@ class Sampling:
             if self._blocked_run():
                 return None
             order = "AB" if len(mine) % 2 == 0 else "BA"
+            placement = (len(mine) // 2) % max(1, self.cfg.placements)  # one ABBA block per placement
             before = self._clock()
             t, wall = {}, {}
             for side in (("base", "cand") if order == "AB" else ("cand", "base")):
-                r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1)
+                r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1, placement=placement)
                 times = r.get("times_ms") or [None]
                 if not r.get("ok") or times[0] is None or not times[0] > 0:
                     return self._fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
@@ -91,7 +95,7 @@ class Sampling:
             after = self._clock()
             pair = Pair(order, t["base"], t["cand"], before and before.to_dict(), after and after.to_dict(),
                         self._drop_reason(before, after), round=self.round, base_wall_ms=wall["base"],
-                        cand_wall_ms=wall["cand"])
+                        cand_wall_ms=wall["cand"], placement=placement)
             res.pairs.append(pair)
             mine.append(pair)
             r_kept = np.log(np.array([p.cand_ms / p.base_ms for p in mine if p.dropped is None]))

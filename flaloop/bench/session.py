@@ -358,8 +358,8 @@ class Session(WarmUp, Sampling):
 
     # -- helpers of both phases (the warm-up: bench/warmup.py; the sampling: bench/sampling.py) --
 
-    def _setup(self, res: CellResult, side: str, k: int | None, timer: str) -> dict:
-        wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, k, timer, self.cfg.min_sample_ms)
+    def _setup(self, res: CellResult, side: str, k: int | None, timer: str, placements: int = 1) -> dict:
+        wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, k, timer, self.cfg.min_sample_ms, placements)
         return self._ask(side, "setup", self.cfg.setup_timeout, cell=wire)
 
     def _cell_failed(self, res: CellResult, exc: WorkerFailed) -> None:

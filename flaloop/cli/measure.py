@@ -85,6 +85,10 @@ class BenchOptions:
         "--max-rounds",
         help="Cells whose rounds still disagree get two more rounds at a time, up to this many in all "
              "(at most --rounds: none); each extra round may take a round's share of --cell-seconds.")] = 4
+    placements: Annotated[int, typer.Option(
+        "--placements",
+        help="Build each cell this many times in every measuring worker (own inputs and graph memory) and "
+             "rotate the pairs over them: where a cell's memory lands moves its time (1: off).")] = 4
     quick: Annotated[bool, typer.Option(
         "--quick", help="A quick signal: the contract's target shapes, one round, a wide stopping rule "
                         "(1% half-width, 6-40 pairs, 10 s a cell); labelled SIGNAL everywhere, never a promotion.")] = False
@@ -112,6 +116,8 @@ class BenchOptions:
             raise UsageError(f"--rounds {self.rounds}: need at least 1 (2 or more let a per-process effect show)")
         if self.max_rounds < 0:
             raise UsageError(f"--max-rounds {self.max_rounds}: need 0 or more (at most --rounds: no extra rounds)")
+        if self.placements < 1:
+            raise UsageError(f"--placements {self.placements}: need at least 1 (1 builds each cell once)")
         if self.import_mode not in ("full", "lean"):
             raise UsageError(f"--import {self.import_mode!r} is not one of full, lean")
         if self.min_pairs < 2 or self.max_pairs < self.min_pairs:
@@ -127,7 +133,7 @@ class BenchOptions:
             cell_seconds=self.cell_seconds, half_width=self.half_width / 100, margin=self.margin / 100,
             device=self.device, dtype=self.dtype, diff_tol=self.diff_tol,
             shared_tuning=not self.independent_tuning, rounds=self.rounds,
-            max_rounds=max(self.rounds, self.max_rounds), probes=not self.no_probes,
+            max_rounds=max(self.rounds, self.max_rounds), probes=not self.no_probes, placements=self.placements,
             forkserver=self.forkserver, import_mode=self.import_mode,
             overrides=contract_mod.parse_overrides(self.inputs or [])), **quick})
 

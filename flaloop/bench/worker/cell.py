@@ -4,6 +4,13 @@ A cell is timed by a CUDA graph of k calls replayed between two events (the L2 f
 them), once the replay is proven to reproduce eager outputs and gradients bit for bit or within
 `GRAPH_PROOF_TOL`; where capture is impossible, by k eager calls between events; on the CPU by
 `perf_counter` around k calls. k is calibrated so that one sample lasts `min_sample_ms`.
+
+On a GPU a cell can be built more than once in the same process (`placements`): each placement
+has its own input tensors (the same values) and its own proven graph with its own memory pool,
+and `sample(i)` times placement i. Where a cell's memory lands moves its time: on the H200 one
+process's four placements of the same cell differed by up to 0.85% (benchmarks/placement.py,
+docs/BENCHMARKS.md), so a pair of processes that each hold one placement carries that luck into
+the comparison; rotating over placements averages it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ DEFAULT_WARMUP = 5            # eager calls before anything is timed (Triton com
 DEFAULT_MIN_SAMPLE_MS = 2.0   # calibrated k makes one sample last at least this long
 MAX_K = 256
 GRAPH_PROOF_TOL = 1e-3        # graph replay vs eager, relative RMS
+PLACEMENT_MEMORY_SHARE = 0.25  # extra placements may take at most this share of the free GPU memory
 
 
 class GraphProofError(Exception):
@@ -50,7 +58,13 @@ class Cell:
         self.min_sample_ms = float(spec.get('min_sample_ms') or DEFAULT_MIN_SAMPLE_MS)
         self.warmup = int(spec.get('warmup') or DEFAULT_WARMUP)
         self.k = spec.get('k')
+        self.placements_req = int(spec.get('placements') or 1)
+        if self.placements_req < 1:
+            raise ValueError(f'placements must be >= 1, got {self.placements_req}')
         self.sets: list[InputSet] = []
+        # placements after the first: (its input sets, its proven graph or None under the eager timer)
+        self.extra: list[tuple[list[InputSet], object]] = []
+        self.placement_bytes = 0
         self.n_sets = 1
         self.set_bytes = 0
         self.timer = None
@@ -83,6 +97,7 @@ class Cell:
     def build(self) -> dict:
         t_setup = time.perf_counter()
         self.spec.check()
+        held_before = self._held_bytes()
         varlen_kw = self.spec.varlen_kwargs(self.device)
         self.extra_kwarg_names = sorted(varlen_kw)
         first = self._make(0, varlen_kw)
@@ -114,9 +129,12 @@ class Cell:
             self.timer = self._try_graph()  # calibrates k (graph or eager) when None
         if self.k is None:
             self._set_k(self._estimate_per_call_ms())
+        if self.is_cuda and self.placements_req > 1:
+            self._add_placements(varlen_kw, max(self._held_bytes() - held_before, self.n_sets * self.set_bytes))
 
         return {
             'cell': self.id, 'timer': self.timer, 'k': self.k, 'n_sets': self.n_sets, 'set_bytes': self.set_bytes,
+            'placements': 1 + len(self.extra), 'placement_bytes': self.placement_bytes,
             'nonfinite': nonfinite_counts, 'capture_error': self.capture_error,
             'graph_bitwise_equal': self.graph_bitwise_equal, 'warmup_s': warmup_s,
             'setup_s': time.perf_counter() - t_setup, 'mode': self.mode,
@@ -178,14 +196,49 @@ class Cell:
                 for t, dim in rolled:
                     t.copy_(t.roll(-1, dims=dim))
 
-    def calls(self, m: int) -> None:
-        """m eager calls, call j on set j % n_sets."""
-        n = self.n_sets
+    def calls(self, m: int, sets: list[InputSet] | None = None) -> None:
+        """m eager calls, call j on set j % n_sets (of placement 0, or of `sets`)."""
+        sets = sets or self.sets
         for j in range(m):
-            self.call(self.sets[j % n])
+            self.call(sets[j % len(sets)])
 
-    def k_calls(self) -> None:
-        self.calls(self.k)
+    def k_calls(self, sets: list[InputSet] | None = None) -> None:
+        self.calls(self.k, sets)
+
+    # -- placements ---------------------------------------------------------------------------------
+
+    def _held_bytes(self) -> int:
+        return int(torch.cuda.memory_reserved(self.device)) if self.is_cuda else 0
+
+    def _add_placements(self, varlen_kw: dict, per_placement: int) -> None:
+        """Build placements 2..n: fresh input sets with the same values, and under the graph timer
+        their own captured and proven graph (a graph captured outside a given pool gets its own).
+        As many as fit in PLACEMENT_MEMORY_SHARE of the free memory (the other side shares it)."""
+        self.placement_bytes = int(per_placement)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        room = int(PLACEMENT_MEMORY_SHARE * free) // max(per_placement, 1)
+        for _ in range(min(self.placements_req - 1, room)):
+            try:
+                sets = [self._make(i, varlen_kw) for i in range(self.n_sets)]
+                graph = None
+                if self.timer == 'cuda_graph':
+                    graph, static = self._capture(self.k, sets)
+                    self._prove(graph, static, sets)
+                    del static
+                else:
+                    self.calls(max(3, self.n_sets), sets)
+            except torch.cuda.OutOfMemoryError:
+                sets = graph = static = None
+                gc.collect()
+                torch.cuda.empty_cache()
+                break  # fewer placements, not a failed cell (the reply says how many were built)
+            self.extra.append((sets, graph))
+        self._sync()
+
+    def placement(self, i: int) -> tuple[list[InputSet], object]:
+        """Placement i (modulo how many were built): its input sets and graph."""
+        i %= 1 + len(self.extra)
+        return (self.sets, self.graph) if i == 0 else self.extra[i - 1]
 
     def _sync(self) -> None:
         if self.is_cuda:
@@ -193,13 +246,14 @@ class Cell:
 
     # -- timing -------------------------------------------------------------------------------------
 
-    def sample(self) -> tuple[float, float]:
-        """(per-call device ms, per-call host wall ms) of one sample of k calls."""
+    def sample(self, placement: int = 0) -> tuple[float, float]:
+        """(per-call device ms, per-call host wall ms) of one sample of k calls on a placement."""
         if not self.is_cuda:
             ms = timing.cpu_time_ms(self.k_calls)
             return ms / self.k, ms / self.k
+        sets, graph = self.placement(placement)
         self.w.flush_l2()  # outside the events
-        fn = (lambda: timing.replay(self.graph)) if self.timer == 'cuda_graph' else self.k_calls
+        fn = (lambda: timing.replay(graph)) if self.timer == 'cuda_graph' else (lambda: self.k_calls(sets))
         dev, wall = timing.cuda_time_ms(fn)
         return dev / self.k, wall / self.k
 
@@ -276,19 +330,20 @@ class Cell:
         del probe, probe_static
         self._set_k(sorted(times)[1])
 
-    def _capture(self, m: int):
-        """Capture m calls (cycling sets) into one CUDAGraph.
+    def _capture(self, m: int, sets: list[InputSet] | None = None):
+        """Capture m calls (cycling the sets of placement 0, or `sets`) into one CUDAGraph.
 
         Keeps the outputs (and grads) of the last captured call on each set as the static tensors
         the proof checks; the pool memory of earlier calls is recycled within the capture.
         """
-        n = self.n_sets
-        timing.side_stream_warmup(lambda: self.calls(max(3, n)))
+        sets = sets or self.sets
+        n = len(sets)
+        timing.side_stream_warmup(lambda: self.calls(max(3, n), sets))
         graph = torch.cuda.CUDAGraph()
         static: dict[int, dict] = {}
         with torch.cuda.graph(graph):
             for j in range(m):
-                s = self.sets[j % n]
+                s = sets[j % n]
                 static.pop(s.index, None)
                 out = self.call(s)  # fwdbwd: leaf.grad=None first, so backward allocates from the graph pool
                 # detached: holding `out` itself would keep its autograd graph (and the leaves'
@@ -296,17 +351,19 @@ class Cell:
                 static[s.index] = {k: v.detach() for k, v in self.named(s, out).items()}
                 del out
         timing.device_sync()
-        for s in self.sets:  # the grads stay referenced by `static`; drop the leaves' handles
+        for s in sets:  # the grads stay referenced by `static`; drop the leaves' handles
             for _, leaf in s.leaves:
                 leaf.grad = None
         return graph, static
 
-    def _protected_storages(self) -> set:
-        return {t.untyped_storage().data_ptr() for s in self.sets for t in s.tensors()}
+    @staticmethod
+    def _protected_storages(sets: list[InputSet]) -> set:
+        return {t.untyped_storage().data_ptr() for s in sets for t in s.tensors()}
 
-    def _prove(self, graph, static) -> bool:
+    def _prove(self, graph, static, sets: list[InputSet] | None = None) -> bool:
         """Poison the static outputs/grads with NaN, replay, and compare with eager calls on the same sets."""
-        protected = self._protected_storages()
+        sets = sets or self.sets
+        protected = self._protected_storages(sets)
         with torch.no_grad():
             for d in static.values():
                 for t in d.values():
@@ -316,7 +373,7 @@ class Cell:
         timing.device_sync()
         bitwise = True
         for index, d in static.items():
-            eager = self.results(self.sets[index])
+            eager = self.results(sets[index])
             if set(eager) != set(d):
                 raise GraphProofError(f'set {index}: graph tensors {sorted(d)} != eager {sorted(eager)}')
             for name, g in d.items():

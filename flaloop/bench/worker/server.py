@@ -203,9 +203,10 @@ class Worker:
         cell = self._cell(req)
         n = int(req.get('n', 1))
         self.watch.check()
+        placement = int(req.get('placement', 0))
         dev, wall = [], []
         for _ in range(n):
-            d, w = cell.sample()
+            d, w = cell.sample(placement)
             dev.append(d)
             wall.append(w)
         self.watch.check()
@@ -290,7 +291,7 @@ class Worker:
         if cell is None:
             return False
         cell.graph = cell.static = None
-        cell.sets = []
+        cell.sets, cell.extra = [], []
         del cell
         self.after_error()
         return True
