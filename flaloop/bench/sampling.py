@@ -42,7 +42,7 @@ class Sampling:
         finally:
             res.seconds += time.monotonic() - t0
 
-    def _setup_pair(self, res: CellResult) -> bool:
+    def _setup_pair(self, res: CellResult, placements: int) -> bool:
         """Both sides set the cell up for this round's process pair, one after the other in the
         round's start order (the H200 once showed a setup-order offset: see BenchConfig.rounds);
         False when one failed. When the warm-up compiled (_fresh_pair) the first side calibrates k
@@ -50,7 +50,7 @@ class Sampling:
         k = None if self.round == 0 and self.primed else res.k
         built = res.setup.setdefault("placements", [])
         for side in self._order():
-            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto", self.cfg.placements)
+            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto", placements)
             if not r.get("ok"):
                 self._fail(res, side, r)
                 return False
@@ -75,14 +75,16 @@ class Sampling:
             min_r = max_r = first
         rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
                                      max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
-        if not self._setup_pair(res):
+        # one ABBA block per placement, so a round too short to reach a placement does not build it
+        placements = max(1, min(self.cfg.placements, max_r // 2))
+        if not self._setup_pair(res, placements):
             return None
         mine: list[Pair] = []
         while True:
             if self._blocked_run():
                 return None
             order = "AB" if len(mine) % 2 == 0 else "BA"
-            placement = (len(mine) // 2) % max(1, self.cfg.placements)  # one ABBA block per placement
+            placement = (len(mine) // 2) % placements
             before = self._clock()
             t, wall = {}, {}
             for side in (("base", "cand") if order == "AB" else ("cand", "base")):
