@@ -455,6 +455,28 @@ def test_the_shared_results_unpickler_takes_what_torch_writes_for_a_cuda_tensor(
     assert items['out0'][0] is rebuild_cuda_tensor and items['out0'][1] == args
 
 
+def test_the_collector_is_off_inside_a_timed_window_and_back_after_it():
+    """A collection in the timed window would be counted as the op's time (on a GPU: between the
+    start event and the launch); the timers turn it off there, and leave a disabled one disabled."""
+    import gc
+
+    from flaloop.bench.worker import timing
+
+    seen = []
+    assert gc.isenabled()
+    assert timing.cpu_time_ms(lambda: seen.append(gc.isenabled())) >= 0
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(ZeroDivisionError):
+        timing.cpu_time_ms(lambda: 1 / 0)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        timing.cpu_time_ms(lambda: None)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_errors_keep_the_worker_answering(workers):
     base = workers('base')
     r = base.req('setup', cell=cell('bad', overrides={'q': 'cube'}))

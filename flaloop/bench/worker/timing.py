@@ -5,10 +5,15 @@ the target is imported (see integrity.py): a later patch of `torch.cuda.Event.el
 A device-time sample also records the host wall time of the same synchronized batch: device time
 cannot exceed it, and a side whose device time falls short of its wall time by more than the
 other side's does is flagged by the session (a timer that lies, however it was made to).
+
+The garbage collector is off inside a timed window (as `timeit` does). Device time counts from the
+start event, which the GPU passes at once on an idle stream; a collection before the work is
+launched would be counted as the op's time.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -21,6 +26,7 @@ _elapsed = torch.cuda.Event.elapsed_time
 _device_sync = torch.cuda.synchronize
 _replay = torch.cuda.CUDAGraph.replay
 _zero = torch.Tensor.zero_
+_gc_enabled, _gc_disable, _gc_enable = gc.isenabled, gc.disable, gc.enable
 
 FLUSH_MIN_BYTES = 256 << 20
 
@@ -42,19 +48,31 @@ def cuda_time_ms(fn) -> tuple[float, float]:
     start = _Event(enable_timing=True)
     end = _Event(enable_timing=True)
     _device_sync()
-    t0 = _perf_counter()
-    _record(start)
-    fn()
-    _record(end)
-    _event_sync(end)
-    t1 = _perf_counter()
+    was = _gc_enabled()
+    _gc_disable()
+    try:
+        t0 = _perf_counter()
+        _record(start)
+        fn()
+        _record(end)
+        _event_sync(end)
+        t1 = _perf_counter()
+    finally:
+        if was:
+            _gc_enable()
     return float(_elapsed(start, end)), (t1 - t0) * 1e3
 
 
 def cpu_time_ms(fn) -> float:
-    t0 = _perf_counter()
-    fn()
-    return (_perf_counter() - t0) * 1e3
+    was = _gc_enabled()
+    _gc_disable()
+    try:
+        t0 = _perf_counter()
+        fn()
+        return (_perf_counter() - t0) * 1e3
+    finally:
+        if was:
+            _gc_enable()
 
 
 class L2Flush:
