@@ -236,10 +236,10 @@ class Cell:
             self.extra.append((sets, graph))
         self._sync()
 
-    def placement(self, i: int) -> tuple[list[InputSet], object]:
-        """Placement i (modulo how many were built): its input sets and graph."""
+    def placement(self, i: int) -> tuple[int, list[InputSet], object]:
+        """Placement i, modulo how many were built: that index, its input sets and its graph."""
         i %= 1 + len(self.extra)
-        return (self.sets, self.graph) if i == 0 else self.extra[i - 1]
+        return (i, self.sets, self.graph) if i == 0 else (i, *self.extra[i - 1])
 
     def _sync(self) -> None:
         if self.is_cuda:
@@ -252,8 +252,7 @@ class Cell:
         if not self.is_cuda:
             ms = timing.cpu_time_ms(self.k_calls)
             return ms / self.k, ms / self.k
-        i = placement % (1 + len(self.extra))
-        sets, graph = self.placement(i)
+        i, sets, graph = self.placement(placement)
         if i not in self.launched:
             # On the H200 the first timed sample after a setup read up to 2.3% slow, in 22 of 24
             # cells (the process that had just set the cell up): one untimed run of it first.
