@@ -180,6 +180,16 @@ def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdic
     assert first["speedup"] > 3 and second["speedup"] < 1 / 3  # the slow process swapped sides
     assert cell["rounds_disagree"] is True and cell["verdict"] == "UNSURE"
     assert len((tmp_path / "order2").read_text().split()) == 6  # two per round, and the warm-up pair
+    # round 2 mirrors round 1: the side that set up first samples first (ABAB..., then BABA...),
+    # after a settle pair that the setup record keeps and the estimate leaves out
+    set_up_first = {b["round"]: b["side"] for b in reversed(cell["setup"]["placements"])}
+    assert set_up_first == {1: "base", 2: "cand"}
+    for rnd, lead in ((0, "AB"), (1, "BA")):
+        orders = [p["order"] for p in cell["pairs"] if p["round"] == rnd]
+        assert orders == [lead, lead[::-1]] * (len(orders) // 2), orders
+    assert [(s["round"], s["order"]) for s in cell["setup"]["settle"]] == [(1, "AB"), (2, "BA")]
+    assert all(s["base_ms"] > 0 and s["cand_ms"] > 0 for s in cell["setup"]["settle"])
+    assert sum(1 for p in cell["pairs"] if p["dropped"] is None) == sum(r["n_pairs"] for r in cell["rounds"])
 
 
 def test_a_cell_whose_rounds_disagree_gets_two_more_rounds_of_equal_size(toy, tmp_path):

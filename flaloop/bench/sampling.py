@@ -1,9 +1,18 @@
 """The session's paired sampling of one cell in one round's process pair.
 
-Both sides set the cell up (in the round's start order), then pairs in ABBA order, the GPU clock
-read around each pair (pairs below the clock floor or throttled are dropped), until the stopping
-rule says so or the cell is settled beyond the margin in round 1; later rounds take as many pairs
-as round 1 kept. Then a few eager samples (host launch cost) on both sides.
+Both sides set the cell up in the round's start order. A round is the mirror of the one before:
+the side that sets up first also samples first, so the pairs run ABBA in even rounds and BAAB in
+odd ones, and an effect of order falls on the base in one round and on the candidate in the next.
+A settle pair comes first; the cell's setup record keeps it, outside the estimate. Then the
+pairs, the GPU clock read around each (pairs below the clock floor or throttled are dropped),
+until the stopping rule says so or the cell is settled beyond the margin in round 1; later rounds
+take as many pairs as round 1 kept.
+Then a few eager samples (host launch cost) on both sides, in the same mirrored order.
+
+Why both: on the H200 the side that set up last and then sampled first read slow in its first
+sample, in 22 of 24 cells of one verify and 12 of 12 of another (up to 2.7%), and always the base,
+since round 2 set it up last and began with AB. A run of the graph just before that sample did not
+help (docs/BENCHMARKS.md, eighth and ninth sessions).
 
 A mixin of `Session` (bench/session.py), which holds the state these methods use.
 """
@@ -79,25 +88,19 @@ class Sampling:
         placements = max(1, min(self.cfg.placements, max_r // 2))
         if not self._setup_pair(res, placements):
             return None
+        lead, other = self._order()  # the side that set up first samples first
+        settle = self._pair(res, lead, 0)
+        if settle is None:
+            return None
+        res.setup.setdefault("settle", []).append({"round": self.round + 1, "order": settle.order,
+                                                   "base_ms": settle.base_ms, "cand_ms": settle.cand_ms})
         mine: list[Pair] = []
         while True:
             if self._blocked_run():
                 return None
-            order = "AB" if len(mine) % 2 == 0 else "BA"
-            placement = (len(mine) // 2) % placements
-            before = self._clock()
-            t, wall = {}, {}
-            for side in (("base", "cand") if order == "AB" else ("cand", "base")):
-                r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1, placement=placement)
-                times = r.get("times_ms") or [None]
-                if not r.get("ok") or times[0] is None or not times[0] > 0:
-                    return self._fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
-                t[side] = times[0]
-                wall[side] = (r.get("wall_ms") or [None])[0]
-            after = self._clock()
-            pair = Pair(order, t["base"], t["cand"], before and before.to_dict(), after and after.to_dict(),
-                        self._drop_reason(before, after), round=self.round, base_wall_ms=wall["base"],
-                        cand_wall_ms=wall["cand"], placement=placement)
+            pair = self._pair(res, lead if len(mine) % 2 == 0 else other, (len(mine) // 2) % placements)
+            if pair is None:
+                return None
             res.pairs.append(pair)
             mine.append(pair)
             r_kept = np.log(np.array([p.cand_ms / p.base_ms for p in mine if p.dropped is None]))
@@ -118,7 +121,7 @@ class Sampling:
                     f"round {self.round + 1}: {why}" if n_rounds > 1 else why)
                 break
         for i in range(max(2, self.cfg.n_eager // n_rounds)):
-            for side in (("base", "cand") if i % 2 == 0 else ("cand", "base")):
+            for side in (self._order() if i % 2 == 0 else self._order()[::-1]):
                 r = self._ask(side, "eager", self.cfg.sample_timeout, cell=res.cell.id, n=1)
                 if r.get("ok"):
                     e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
@@ -131,6 +134,22 @@ class Sampling:
         else:
             res.status = "ok"  # for now: the pooled count is judged after the last round
         return None
+
+    def _pair(self, res: CellResult, lead: str, placement: int) -> Pair | None:
+        """One pair on a placement, `lead` sampling first. None when a side failed (the cell is failed)."""
+        before = self._clock()
+        t, wall = {}, {}
+        for side in (lead, "cand" if lead == "base" else "base"):
+            r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1, placement=placement)
+            times = r.get("times_ms") or [None]
+            if not r.get("ok") or times[0] is None or not times[0] > 0:
+                return self._fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
+            t[side] = times[0]
+            wall[side] = (r.get("wall_ms") or [None])[0]
+        after = self._clock()
+        return Pair("AB" if lead == "base" else "BA", t["base"], t["cand"], before and before.to_dict(),
+                    after and after.to_dict(), self._drop_reason(before, after), round=self.round,
+                    base_wall_ms=wall["base"], cand_wall_ms=wall["cand"], placement=placement)
 
     def _drop_reason(self, before: ClockReading | None, after: ClockReading | None) -> str | None:
         for r in (before, after):

@@ -65,7 +65,6 @@ class Cell:
         # placements after the first: (its input sets, its proven graph or None under the eager timer)
         self.extra: list[tuple[list[InputSet], object]] = []
         self.placement_bytes = 0
-        self.launched: set[int] = set()  # placements sampled since setup (sample() runs each once untimed first)
         self.n_sets = 1
         self.set_bytes = 0
         self.timer = None
@@ -252,15 +251,7 @@ class Cell:
         if not self.is_cuda:
             ms = timing.cpu_time_ms(self.k_calls)
             return ms / self.k, ms / self.k
-        i, sets, graph = self.placement(placement)
-        if i not in self.launched:
-            # On the H200 the first timed sample after a setup read up to 2.3% slow, in 22 of 24
-            # cells (the process that had just set the cell up): one untimed run of it first.
-            self.launched.add(i)
-            if self.timer == 'cuda_graph':
-                timing.replay(graph)
-            else:
-                self.k_calls(sets)
+        _, sets, graph = self.placement(placement)
         self.w.flush_l2()  # outside the events
         fn = (lambda: timing.replay(graph)) if self.timer == 'cuda_graph' else (lambda: self.k_calls(sets))
         dev, wall = timing.cuda_time_ms(fn)
