@@ -47,6 +47,7 @@ from harness import (  # benchmarks/ is the script's directory, first on sys.pat
 from suites_measure import (
     suite_aa_slowdown,
     suite_cycle,
+    suite_first_pair,
     suite_gate,
     suite_machine,
     suite_slowdown,
@@ -63,7 +64,7 @@ from suites_tools import (
 )
 
 SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "aa": suite_aa_slowdown, "slowdown": suite_slowdown,
-          "cycle": suite_cycle, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
+          "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.

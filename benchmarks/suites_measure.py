@@ -126,6 +126,31 @@ def suite_aa_slowdown(ctx: Ctx) -> None:
     slowdown_goal(ctx, results)
 
 
+def suite_first_pair(ctx: Ctx) -> None:
+    """The pairs next to a setup, on the two cells where the H200 showed them off (ninth session):
+    two A/As and the planted slowdown on one GPU. Per round: the settle pair and the first kept
+    pair as cand-vs-base %, against the round's median pair."""
+    shapes = [SMALL, "B4_T2048_H16_D128"]
+    results = [_bench_lane(ctx, "first", shapes, ctx.gpus[:1], slowdown=True)]
+    results.append(_bench_lane(ctx, "first2", shapes, ctx.gpus[:1], slowdown=False))  # warm: the first left its cache
+    lines = []
+    for i, rec in enumerate([results[0].get("aa"), results[0].get("slow"), results[1].get("aa")]):
+        what = ("A/A #1", "slowdown", "A/A #2")[i]
+        lines += [f"{what}:"] + cells_line(rec or {})
+        for c in (rec or {}).get("cells") or []:
+            settle = {s["round"]: s for s in (c.get("setup") or {}).get("settle") or []}
+            for rnd in sorted({p["round"] for p in c.get("pairs") or []}):
+                kept = [p for p in c["pairs"] if p["round"] == rnd and p.get("dropped") is None]
+                pct = [100 * (p["cand_ms"] / p["base_ms"] - 1) for p in kept]
+                st = settle.get(rnd + 1)
+                lines.append(f"    {c['cell']['id']:26s} round {rnd + 1}: settle "
+                             + (f"{st['order']} {100 * (st['cand_ms'] / st['base_ms'] - 1):+.2f}%" if st else "none")
+                             + (f", first pair {kept[0]['order']} {pct[0]:+.2f}%, median {sorted(pct)[len(pct) // 2]:+.2f}%"
+                                f" over {len(pct)}" if pct else ""))
+    write(ctx.out / "first-pair" / "summary.txt", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def suite_slowdown(ctx: Ctx) -> None:
     """The planted slowdown alone (the A/A then comes from `verify --base HEAD` of the same code)."""
     slowdown_goal(ctx, _lanes(ctx, aa=False))
