@@ -89,10 +89,6 @@ class WorkerPool:
         self.use_forkserver = False  # and leave none behind
         self.forkserver = {**self.forkserver, "used": False, "why": why}
 
-    def saw(self, modules) -> None:
-        """Third-party modules a worker reported importing (its hello, its probes), in order."""
-        self.seen_preload.update((m, None) for m in (modules or []) if isinstance(m, str))
-
     def _leave_server(self) -> None:
         """Keep the third-party modules this run's workers imported beyond the preload, and leave a
         fork server preloading them all for the next run unless the one used has exactly that key."""
@@ -143,7 +139,7 @@ class WorkerPool:
             w = pair[side]
             w.hello = w.request("hello", self.setup_timeout)
             hellos[side] = w.hello
-            self.saw(w.hello.get("preload"))
+            self.seen_preload.update((m, None) for m in (w.hello.get("preload") or []) if isinstance(m, str))
             if not w.hello.get("ok"):
                 tb = w.hello.get("traceback", "")
                 raise MeasurementError(f"the {side} worker could not import {self.op}: {w.hello.get('error')}"

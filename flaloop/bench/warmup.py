@@ -115,7 +115,6 @@ class WarmUp:
                 replies[side] = self._ask(side, "probe", self.cfg.setup_timeout, cell=res.cell.id)
                 if not replies[side].get("ok"):
                     return self._fail(res, side, replies[side])
-                self.pool.saw(replies[side].get("preload"))  # a fork server imports them ahead next time
             b, c = replies["base"], replies["cand"]
             mutated = self._exchange(res, mutated=True)
             if mutated is None:

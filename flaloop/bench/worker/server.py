@@ -40,7 +40,6 @@ class Worker:
         self.l2_bytes = None
         self.backend_note = None
         self.flush_l2 = None
-        self.reported: frozenset = frozenset()  # modules already named in a reply's preload list
         self.import_s = None
         # Before anything of the target runs: the identity of everything the timing path reaches.
         own = [m for n, m in sys.modules.items() if n.split('.')[0] == __package__]
@@ -147,6 +146,7 @@ class Worker:
         else:
             device_name = platform.processor() or platform.machine() or 'cpu'
             device_uuid = None
+        package = self.cfg.import_path.split('.')[0]
         forked = forked_with()
         return {
             'side': self.side,
@@ -171,7 +171,8 @@ class Worker:
             'import_mode': self.args.import_mode,
             'lazy_packages_ran': list(LAZY_RAN),
             'watched': len(self.watch),
-            'preload': self._new_outside(),
+            # third-party modules a fork server could import ahead next time (beyond what it had)
+            'preload': [m for m in loaded_outside(self.tree, skip=forked) if m.split('.')[0] != package],
             'forked': bool(forked),
             'numeric_at_import': probes.numeric_settings(),
         }
@@ -195,19 +196,8 @@ class Worker:
         t0 = time.perf_counter()
         reply = {'cell': cell.id, 'probes': probes.run_all(cell)}
         reply['seconds'] = time.perf_counter() - t0
-        # the probes' own imports (torch.profiler's first use imports torch._inductor: 1.2-2 s on a
-        # 2-core CPU, in each warm-up worker, one side after the other)
-        reply['preload'] = self._new_outside()
         self.watch.check()
         return reply
-
-    def _new_outside(self) -> list[str]:
-        """Third-party modules loaded since the last call (the first: since the fork, or all), in
-        import order: what a fork server could import ahead for the next run."""
-        package = self.cfg.import_path.split('.')[0]
-        new = [m for m in loaded_outside(self.tree, skip=forked_with() | self.reported) if m.split('.')[0] != package]
-        self.reported |= frozenset(new)
-        return new
 
     def cmd_sample(self, req: dict) -> dict:
         cell = self._cell(req)
