@@ -200,14 +200,17 @@ def _count_triton_launches(counts: dict):
 
 
 def census(cell) -> dict:
-    from torch.profiler import ProfilerActivity, profile
+    # The autograd profiler that torch.profiler.profile wraps, the same Kineto trace: the wrapper's
+    # first start imports torch._inductor (for a cudagraphs setting), 1.2-2 s on a 2-core CPU in a
+    # process whose op had not imported it, against 2 ms here.
+    from torch.autograd.profiler import profile
 
     s = cell.sets[0]
     launches: dict = {}
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cell.is_cuda else [])
     with tempfile.TemporaryDirectory(prefix='flaloop-census-') as tmp:
         trace = os.path.join(tmp, 'trace.json')
-        with _count_triton_launches(launches), profile(activities=activities) as prof:
+        with _count_triton_launches(launches), profile(use_cpu=True, use_device='cuda' if cell.is_cuda else None,
+                                                       use_kineto=True) as prof:
             cell.results(s)
         prof.export_chrome_trace(trace)
         with open(trace) as f:
