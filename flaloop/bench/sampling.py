@@ -9,10 +9,10 @@ until the stopping rule says so or the cell is settled beyond the margin in roun
 take as many pairs as round 1 kept.
 Then a few eager samples (host launch cost) on both sides, in the same mirrored order.
 
-Why both: on the H200 the side that set up last and then sampled first read slow in its first
-sample, in 22 of 24 cells of one verify and 12 of 12 of another (up to 2.7%), and always the base,
-since round 2 set it up last and began with AB. A run of the graph just before that sample did not
-help (docs/BENCHMARKS.md, eighth and ninth sessions).
+Why both: on the H200 the side that set up last and then sampled first read slow in that first
+sample (in 31 of 40 such rounds of three verifies, by up to 2.7%), and it was always the base,
+since round 2 set it up last and began with AB: a lean toward FASTER. A run of the graph just
+before that sample did not help (docs/BENCHMARKS.md, eighth and ninth sessions).
 
 A mixin of `Session` (bench/session.py), which holds the state these methods use.
 """
