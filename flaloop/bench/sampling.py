@@ -6,8 +6,8 @@ odd ones, and an effect of order falls on the base in one round and on the candi
 A settle pair comes first; the cell's setup record keeps it, outside the estimate. Then the
 pairs, the GPU clock read around each (pairs below the clock floor or throttled are dropped),
 until the stopping rule says so or the cell is settled beyond the margin in round 1; later rounds
-take as many pairs as round 1 kept.
-Then a few eager samples (host launch cost) on both sides, in the same mirrored order.
+take as many pairs as round 1 kept. Then a few eager samples (host launch cost) on both sides, in
+the same mirrored order.
 
 Why both: on the H200 the side that set up last and then sampled first read slow in that first
 sample (in 31 of 40 such rounds of three verifies, by up to 2.7%), and it was always the base,

@@ -235,10 +235,10 @@ class Cell:
             self.extra.append((sets, graph))
         self._sync()
 
-    def placement(self, i: int) -> tuple[int, list[InputSet], object]:
-        """Placement i, modulo how many were built: that index, its input sets and its graph."""
+    def placement(self, i: int) -> tuple[list[InputSet], object]:
+        """Placement i, modulo how many were built: its input sets and its graph."""
         i %= 1 + len(self.extra)
-        return (i, self.sets, self.graph) if i == 0 else (i, *self.extra[i - 1])
+        return (self.sets, self.graph) if i == 0 else self.extra[i - 1]
 
     def _sync(self) -> None:
         if self.is_cuda:
@@ -251,7 +251,7 @@ class Cell:
         if not self.is_cuda:
             ms = timing.cpu_time_ms(self.k_calls)
             return ms / self.k, ms / self.k
-        _, sets, graph = self.placement(placement)
+        sets, graph = self.placement(placement)
         self.w.flush_l2()  # outside the events
         fn = (lambda: timing.replay(graph)) if self.timer == 'cuda_graph' else (lambda: self.k_calls(sets))
         dev, wall = timing.cuda_time_ms(fn)
