@@ -53,7 +53,7 @@ class BenchConfig:
     # rounds in all: a per-process offset averages out over more processes.
     max_rounds: int = 4
     # Every measuring worker builds each cell this many times (own inputs, same values; own proven
-    # CUDA graph and memory pool), and the pairs rotate over them in ABBA blocks. Where a cell's
+    # CUDA graph and memory pool), and the pairs rotate over them a block of two pairs at a time. Where a cell's
     # memory lands moves its time: on the H200 the four placements of one cell in one process
     # differed by up to 0.85%, the same in six processes (benchmarks/placement.py). One placement
     # per process makes that a per-process offset (an A/A read up to 0.28% with 2 rounds), and a

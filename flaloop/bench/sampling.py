@@ -77,14 +77,14 @@ class Sampling:
         # same in the pooled estimate and a start-order offset cancels.
         n_rounds = max(1, self.cfg.rounds)
         min_r = max(2, math.ceil(self.cfg.min_pairs / n_rounds))
-        min_r += min_r % 2  # whole ABBA blocks
+        min_r += min_r % 2  # whole blocks of two pairs (ABBA, or BAAB in a mirrored round)
         max_r = max(min_r, math.ceil(self.cfg.max_pairs / n_rounds))
         first = sum(p.round == 0 and p.dropped is None for p in res.pairs)
         if self.round and first >= 2:
             min_r = max_r = first
         rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
                                      max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
-        # one ABBA block per placement, so a round too short to reach a placement does not build it
+        # one block of two pairs per placement, so a round too short to reach a placement does not build it
         placements = max(1, min(self.cfg.placements, max_r // 2))
         if not self._setup_pair(res, placements):
             return None

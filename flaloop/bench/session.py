@@ -9,8 +9,8 @@ The session never times anything itself (workers do) and never imports torch. Or
 2. Warm-up (bench/warmup.py), for every cell on both sides before any timed sample: set up,
    compile, autotune, check the candidate's results against the base's, the guard's probes.
 3. The warm-up pair is closed: it measures nothing (`_fresh_pair`).
-4. Rounds (bench/sampling.py): pairs in ABBA order in each round's own fresh processes (round
-   1's too), the start order swapped every round. A cell stops when the stopping rule says so,
+4. Rounds (bench/sampling.py): pairs in each round's own fresh processes (round 1's too), each
+   round the mirror of the one before (start order, and which side samples first: ABBA, BAAB). A cell stops when the stopping rule says so,
    or once settled beyond the margin; it still takes every planned round (as many pairs as
    round 1 kept): a per-process effect would show in round 1 alone as confidently as a real
    speedup.
