@@ -190,13 +190,22 @@ class Target:
                 self._registry = ans
         return self._registry
 
-    # Reading the registry means importing it (and torch) in the target's interpreter: seconds on
-    # every command. The answer is kept outside the repo, valid while the interpreter and every
-    # file of the tree that the registry's import loaded are byte for byte the same.
+    # Reading the registry means importing it (and torch) in the target's Python: seconds on every
+    # command. The answer is kept outside the repo, valid while the interpreter and every file of
+    # the tree that the registry's import loaded are byte for byte the same. It holds no path, so
+    # it is found by content, not by where the tree lies: a clone, a copy or a worktree of the same
+    # files reuses it. A few answers are kept per registry file (trees that differ in a module the
+    # registry imports take turns without recomputing).
 
-    def _registry_cache(self) -> Path:
-        key = hashlib.sha256(json.dumps([str(self.root.resolve()), str(self.registry_file),
-                                         self.python]).encode()).hexdigest()[:20]
+    REGISTRY_ANSWERS_KEPT = 4
+
+    def _registry_cache(self) -> Path | None:
+        try:
+            content = hashlib.sha256(self.registry_file.read_bytes()).hexdigest()
+        except OSError:
+            return None
+        rel = self.registry_file.relative_to(self.root).as_posix()
+        key = hashlib.sha256(json.dumps([rel, content, self.python]).encode()).hexdigest()[:20]
         return fsutil.user_cache_dir() / "registry" / f"{key}.json"
 
     def _registry_stamp(self, files: list[str]) -> dict | None:
@@ -207,20 +216,26 @@ class Target:
         except OSError:
             return None
 
+    def _registry_entries(self, path: Path | None) -> list[dict]:
+        doc = fsutil.read_json_cache(path) if path else None
+        entries = doc.get("entries") if isinstance(doc, dict) else None
+        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("answer"), dict)
+                and isinstance(e["answer"].get("files"), list) and e["answer"]["files"]] if isinstance(entries, list) else []
+
     def _cached_registry(self) -> dict | None:
-        doc = fsutil.read_json_cache(self._registry_cache())
-        if not isinstance(doc, dict) or not isinstance(doc.get("answer"), dict):
-            return None
-        files = doc["answer"].get("files")
-        if not isinstance(files, list) or not files or self._registry_stamp(files) != doc.get("stamp"):
-            return None
-        return doc["answer"]
+        for entry in self._registry_entries(self._registry_cache()):
+            if self._registry_stamp(entry["answer"]["files"]) == entry.get("stamp"):
+                return entry["answer"]
+        return None
 
     def _keep_registry(self, ans: dict) -> None:
+        path = self._registry_cache()
         stamp = self._registry_stamp(ans.get("files") or [])
-        if stamp and ans.get("files"):
+        if path and stamp and ans.get("files"):
+            others = [e for e in self._registry_entries(path) if e.get("stamp") != stamp]
+            entries = [{"stamp": stamp, "answer": ans}, *others][: self.REGISTRY_ANSWERS_KEPT]
             with contextlib.suppress(OSError, StorageError):  # a cache that cannot be kept is recomputed
-                fsutil.atomic_write_json(self._registry_cache(), {"stamp": stamp, "answer": ans})
+                fsutil.atomic_write_json(path, {"entries": entries})
 
     def ops(self) -> list[OpSpec]:
         specs: dict[str, OpSpec] = {}

@@ -101,16 +101,29 @@ def test_a_registry_with_a_syntax_error(toy):
 
 def test_the_registry_answer_is_reused_until_a_file_it_loaded_changes(toy, tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    reg, pkg = toy / REGISTRY, toy / "toyop/__init__.py"
+    reg.write_text(reg.read_text().replace("import torch\n", "import torch\n\nimport toyop  # noqa: F401\n", 1))
     assert flaloop(toy, "list", "--json", env=env).code == 0
     [kept] = (tmp_path / "cache" / "flaloop" / "registry").glob("*.json")
     doc = json.loads(kept.read_text())
-    assert "benchmarks/ops/registry.py" in doc["answer"]["files"]
+    [entry] = doc["entries"]
+    assert {"benchmarks/ops/registry.py", "toyop/__init__.py"} <= set(entry["answer"]["files"])
     # a planted answer shows that the next command reads the cache instead of the registry
-    for op in doc["answer"]["ops"]:
+    for op in entry["answer"]["ops"]:
         op["name"] = op["name"].replace("toy_attn", "toy_cached")
     kept.write_text(json.dumps(doc))
     assert "toy_cached" in flaloop(toy, "list", "--json", env=env).stdout
-    (toy / REGISTRY).write_text((toy / REGISTRY).read_text() + "\n# an edit\n")
+    # the answer holds no path: the same files elsewhere (a clone, a copy, a worktree) reuse it
+    elsewhere = shutil.copytree(toy, tmp_path / "elsewhere" / "toy", symlinks=True)
+    assert "toy_cached" in flaloop(elsewhere, "list", "--json", env=env).stdout
+    # a module the registry imported changes: read again; changed back: the kept answer again
+    pkg.write_text("# an edit\n")
+    fresh = flaloop(toy, "list", "--json", env=env).stdout
+    assert "toy_attn" in fresh and "toy_cached" not in fresh
+    assert len(json.loads(kept.read_text())["entries"]) == 2
+    pkg.write_text("")
+    assert "toy_cached" in flaloop(toy, "list", "--json", env=env).stdout
+    reg.write_text(reg.read_text() + "\n# an edit\n")
     fresh = flaloop(toy, "list", "--json", env=env).stdout
     assert "toy_attn" in fresh and "toy_cached" not in fresh
 
