@@ -242,7 +242,8 @@ def judged(tmp_path_factory):
         trees[name] = make_tree(tmp / name, src, init)
     for name, src in HONEST.items():
         trees[name] = make_tree(tmp / name, src)
-    workers = {name: Worker(t, "toy_op", "base" if name == "base" else "cand") for name, t in trees.items()}
+    # forked by a warm fork server, as a bench's workers are by default
+    workers = {name: Worker(t, "toy_op", "base" if name == "base" else "cand", forked=True) for name, t in trees.items()}
     try:
         base_hello = workers["base"].ok("hello")
         base, _ = report(workers["base"], tmp, "base")

@@ -151,20 +151,65 @@ def make_tree(root: Path, **consts) -> Path:
     return root
 
 
-class Worker:
-    """Drive one worker subprocess through its pipes."""
+PRELOAD = ['torch', 'triton', 'triton.language']  # what a bench's fork server preloads for a Triton op
 
-    def __init__(self, tree: Path, op: str, side: str, workdir: Path | None = None, device: str = 'cpu'):
+
+def fork_server(env: dict):
+    """A connection to a warm flaloop fork server for `env` (the first call starts it; conftest
+    stops this session's servers at its end)."""
+    from flaloop.bench import forkservers
+
+    server = forkservers.ForkServer.connect(sys.executable, env, PRELOAD)
+    if server is None:
+        forkservers.start(sys.executable, env, PRELOAD)
+        server = forkservers.ForkServer.connect(sys.executable, env, PRELOAD)
+    assert server is not None, 'no fork server came up: ' + ' '.join(
+        forkservers.socket_path(forkservers.key(sys.executable, env, PRELOAD), ext).read_text()[-2000:]
+        for ext in ('log', 'failed') if forkservers.socket_path(forkservers.key(sys.executable, env, PRELOAD), ext).exists())
+    return server
+
+
+class Forked:
+    """A forked worker (flaloop.bench.workers.ForkedProc) as much like a Popen as these tests use."""
+
+    def __init__(self, proc):
+        self.proc, self.pid, self.stdin, self.stdout = proc, proc.pid, proc.stdin, proc.stdout
+
+    @property
+    def returncode(self):
+        return self.proc.poll()
+
+    def poll(self):
+        return self.proc.poll()
+
+    def wait(self, timeout=None):
+        code = self.proc.wait(TIMEOUT_S if timeout is None else timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired('forked worker', timeout)
+        return code
+
+    def kill(self):
+        self.proc.kill()
+
+
+class Worker:
+    """Drive one worker process through its pipes: spawned, or with `forked` forked by a warm fork
+    server as a bench's workers are by default (many workers then share one import of torch)."""
+
+    def __init__(self, tree: Path, op: str, side: str, workdir: Path | None = None, device: str = 'cpu',
+                 forked: bool = False):
         registry = tree / 'benchmarks' / 'ops' / 'registry.py'
         self.errpath = tree / f'worker-{side}-{op}-{device}.err'
         self.err = open(self.errpath, 'w')
-        cmd = [sys.executable, '-u', str(WORKER), '--tree', str(tree), '--registry', str(registry),
-               '--op', op, '--side', side, '--device', device]
+        args = ['--tree', str(tree), '--registry', str(registry), '--op', op, '--side', side, '--device', device]
         if workdir is not None:
-            cmd += ['--workdir', str(workdir)]
+            args += ['--workdir', str(workdir)]
         env = dict(os.environ, OMP_NUM_THREADS='1')
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
-                                  text=True, bufsize=1, env=env)
+        if forked:
+            self.p = Forked(fork_server(env).spawn(args, tree, env, self.err))
+        else:
+            self.p = subprocess.Popen([sys.executable, '-u', str(WORKER), *args], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self.err, text=True, bufsize=1, env=env)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self.n = 0
@@ -242,10 +287,10 @@ def workers(trees):
     def get(tree: str, op: str = 'toy_op', side: str | None = None) -> Worker:
         key = (tree, op)
         if key not in started:
-            started[key] = Worker(trees[tree], op, side or ('base' if tree == 'base' else 'cand'))
+            started[key] = Worker(trees[tree], op, side or ('base' if tree == 'base' else 'cand'), forked=True)
         return started[key]
 
-    # start the processes together: their torch imports overlap
+    # forked from one warm server, as a bench's workers are by default (spawned ones are tested below)
     for key in [('base', 'toy_op'), ('cand', 'toy_op'), ('off', 'toy_op'), ('nan', 'toy_op'),
                 ('base', 'toy_ident'), ('base', 'toy_varlen'), ('base', 'toy_gate'), ('cand', 'toy_gate'),
                 ('base', 'toy_nobwd')]:
@@ -255,7 +300,7 @@ def workers(trees):
         w.p.stdin.close()
     for w in started.values():
         w.close()
-        assert w.p.returncode == 0, w.stderr()
+        assert w.p.returncode == 0, (w.p.returncode, w.errpath.read_text()[-4000:])
 
 
 def test_hello_reports_op_inside_tree(workers, trees):

@@ -67,15 +67,24 @@ class SpawnedProc:
 class ForkedProc:
     """A worker forked by the fork server (not our child: watched through /proc)."""
 
+    # A process whose main thread has exited shows as a zombie while its other threads (torch's
+    # pool) are still being torn down, and its parent cannot reap it until they are gone: the
+    # server then has no status yet. Asked again for this long before the status counts as lost.
+    REAP_GRACE_S = 2.0
+
     def __init__(self, server: ForkServer, pid: int, stdin, stdout) -> None:
         self.server, self.pid, self.stdin, self.stdout = server, pid, stdin, stdout
         self._code: int | None = None
+        self._gone_at: float | None = None
 
     def poll(self) -> int | None:
         if self._code is None and not procs.running(self.pid):
             self._code = self.server.returncode(self.pid)
             if self._code is None:
-                self._code = -1  # gone, status unknown (reaped late)
+                now = time.monotonic()
+                self._gone_at = self._gone_at or now
+                if now - self._gone_at >= self.REAP_GRACE_S:
+                    self._code = -1  # gone, and the server never reported its status
         return self._code
 
     def wait(self, timeout: float) -> int | None:
