@@ -115,7 +115,9 @@ def test_a_verdict_stands_only_when_every_round_agrees_with_its_direction():
 # A toy op whose speed depends on the process, not the code: the first process to call it in
 # each pair of processes stalls for 150 ms per call (a sleep: CPU contention from other tests
 # cannot shrink it). The same committed code runs on both sides (A/A). TOY_WITH_STALL takes the
-# rule for which process stalls (a `_slow()` that sets the global _SLOW) at __SLOW__.
+# rule for which process stalls (a `_slow()` that sets the global _SLOW) at __SLOW__, and the file
+# that counts the processes at __ORDER_FILE__ (in the source, committed: a variable of the
+# environment would give each test a fork-server key of its own, and spawned workers).
 TOY_WITH_STALL = '''import fcntl
 import os
 import time
@@ -146,10 +148,10 @@ def toy_log(q):
 '''
 
 ORDER_SENSITIVE = TOY_WITH_STALL.replace("__SLOW__", '''def _slow():
-    """True in the 1st, 3rd, 5th... process to call the op (counted in TOY_ORDER_FILE)."""
+    """True in the 1st, 3rd, 5th... process to call the op (counted in the order file)."""
     global _SLOW
     if _SLOW is None:
-        with open(os.environ["TOY_ORDER_FILE"], "a+") as f:
+        with open(__ORDER_FILE__, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             f.seek(0)
             n = len(f.read().split())
@@ -158,19 +160,25 @@ ORDER_SENSITIVE = TOY_WITH_STALL.replace("__SLOW__", '''def _slow():
     return _SLOW''')
 
 
-def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdict(toy, tmp_path):
-    (toy / "toyop/ops/toy/fast.py").write_text(ORDER_SENSITIVE)
+def toy_op(toy, src: str, order_file) -> None:
+    """Commit `src` as the toy's op, counting its processes in `order_file`."""
+    (toy / "toyop/ops/toy/fast.py").write_text(src.replace("__ORDER_FILE__", repr(str(order_file))))
     commit_all(toy)
+
+
+def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdict(toy, tmp_path):
+    toy_op(toy, ORDER_SENSITIVE, tmp_path / "order1")
     args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
             "--min-pairs", "12", "--max-pairs", "12", "--cell-seconds", "60"]
 
-    one = flaloop(toy, *args, "--rounds", "1", env={"TOY_ORDER_FILE": str(tmp_path / "order1")})
+    one = flaloop(toy, *args, "--rounds", "1")
     assert one.code == 0, one.stderr[-2000:]
     (cell,) = json.loads(one.stdout)["cells"]
     # one pair of processes: identical code reads as a large win
     assert cell["verdict"] == "FASTER" and cell["estimate"]["speedup"] > 3
 
-    two = flaloop(toy, *args, "--max-rounds", "2", env={"TOY_ORDER_FILE": str(tmp_path / "order2")})
+    toy_op(toy, ORDER_SENSITIVE, tmp_path / "order2")
+    two = flaloop(toy, *args, "--max-rounds", "2")
     assert two.code == 0, two.stderr[-2000:]
     rec = json.loads(two.stdout)
     (cell,) = rec["cells"]
@@ -193,11 +201,9 @@ def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdic
 
 
 def test_a_cell_whose_rounds_disagree_gets_two_more_rounds_of_equal_size(toy, tmp_path):
-    (toy / "toyop/ops/toy/fast.py").write_text(ORDER_SENSITIVE)
-    commit_all(toy)
+    toy_op(toy, ORDER_SENSITIVE, tmp_path / "order")
     r = flaloop(toy, "bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
-                "--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "60",
-                env={"TOY_ORDER_FILE": str(tmp_path / "order")})
+                "--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "60")
     assert r.code == 0, r.stderr[-2000:]
     rec = json.loads(r.stdout)
     (cell,) = rec["cells"]
@@ -224,16 +230,15 @@ COMPILES_SLOW = TOY_WITH_STALL.replace("__SLOW__", '''def _slow():
             _SLOW = True
         except FileExistsError:
             _SLOW = False
-        with open(os.environ["TOY_ORDER_FILE"], "a") as f:
+        with open(__ORDER_FILE__, "a") as f:
             f.write(f"{os.getpid()} {int(_SLOW)}\\n")
     return _SLOW''')
 
 
 def test_workers_that_compiled_during_the_warm_up_are_replaced_before_the_first_pair(toy, tmp_path):
-    (toy / "toyop/ops/toy/fast.py").write_text(COMPILES_SLOW)
-    commit_all(toy)
+    toy_op(toy, COMPILES_SLOW, tmp_path / "calls")
     cache = tmp_path / "triton-cache"
-    env = {"TOY_ORDER_FILE": str(tmp_path / "calls"), "FLALOOP_TRITON_CACHE_DIR": str(cache)}
+    env = {"FLALOOP_TRITON_CACHE_DIR": str(cache)}
     args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
             "--min-pairs", "8", "--max-pairs", "8", "--cell-seconds", "60"]
     r = flaloop(toy, *args, env=env)
