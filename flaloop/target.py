@@ -204,8 +204,10 @@ class Target:
             content = hashlib.sha256(self.registry_file.read_bytes()).hexdigest()
         except OSError:
             return None
-        rel = self.registry_file.relative_to(self.root).as_posix()
-        key = hashlib.sha256(json.dumps([rel, content, self.python]).encode()).hexdigest()[:20]
+        where = self.registry_file.resolve()
+        root = self.root.resolve()
+        where = where.relative_to(root).as_posix() if where.is_relative_to(root) else str(where)  # one outside the tree
+        key = hashlib.sha256(json.dumps([where, content, self.python]).encode()).hexdigest()[:20]
         return fsutil.user_cache_dir() / "registry" / f"{key}.json"
 
     def _registry_stamp(self, files: list[str]) -> dict | None:

@@ -126,6 +126,12 @@ def test_the_registry_answer_is_reused_until_a_file_it_loaded_changes(toy, tmp_p
     reg.write_text(reg.read_text() + "\n# an edit\n")
     fresh = flaloop(toy, "list", "--json", env=env).stdout
     assert "toy_attn" in fresh and "toy_cached" not in fresh
+    # a registry outside the tree, named in flaloop.toml, is read as well
+    outside = tmp_path / "outside" / "registry.py"
+    outside.parent.mkdir()
+    outside.write_text(reg.read_text())
+    (toy / "flaloop.toml").write_text(f"[target]\nregistry = {str(outside)!r}\n")
+    assert "toy_attn" in flaloop(toy, "list", "--json", env=env).stdout
 
 
 def test_a_registry_that_raises_on_import_names_the_line(toy):
