@@ -163,9 +163,10 @@ def fork_server(env: dict):
     if server is None:
         forkservers.start(sys.executable, env, PRELOAD)
         server = forkservers.ForkServer.connect(sys.executable, env, PRELOAD)
-    assert server is not None, 'no fork server came up: ' + ' '.join(
-        forkservers.socket_path(forkservers.key(sys.executable, env, PRELOAD), ext).read_text()[-2000:]
-        for ext in ('log', 'failed') if forkservers.socket_path(forkservers.key(sys.executable, env, PRELOAD), ext).exists())
+    if server is None:
+        k = forkservers.key(sys.executable, env, PRELOAD)
+        said = [p.read_text()[-2000:] for p in (forkservers.socket_path(k, ext) for ext in ('log', 'failed')) if p.exists()]
+        raise AssertionError(f'no fork server came up: {said}')
     return server
 
 
