@@ -2,8 +2,6 @@
 # Both create or reuse .venv and install what they need: the CPU build of torch 2.13.0
 # (a file already on disk here; never a bare `torch`, which pulls a multi-GB CUDA build),
 # triton 3.6.0 (runs kernels on the CPU with TRITON_INTERPRET=1), and flaloop itself.
-# --no-compile: pip would byte-compile every module of torch, scipy and matplotlib (about 20 s of a
-# 2-core CPU); Python compiles the few that get imported on first use instead.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -14,8 +12,8 @@ STAMP  := $(VENV)/.flaloop-installed
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet --no-compile --disable-pip-version-check torch==2.13.0 triton==3.6.0
-	$(VPY) -m pip install --quiet --no-compile --disable-pip-version-check -e '.[dev,gpu]'
+	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 triton==3.6.0
+	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev,gpu]'
 	@touch $@
 
 setup: $(STAMP)
