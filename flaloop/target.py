@@ -173,13 +173,14 @@ class Target:
             if not self.registry_file.exists():
                 self._registry = {"ops": [], "shape_configs": {}}
             else:
-                ans = self._cached_registry()
+                cache = self._registry_cache()
+                ans = self._cached_registry(cache)
                 if ans is None:
                     ans = run_probe(self.python, self.root, ["registry", "--registry", str(self.registry_file)])
                     if ans.get("ok"):
-                        self._keep_registry(ans)
+                        self._keep_registry(cache, ans)
                 if not ans.get("ok"):
-                    rel = self.registry_file.relative_to(self.root)
+                    rel = self._registry_name()
                     error = str(ans.get("error"))
                     missing = error.startswith(("ModuleNotFoundError", "ImportError"))
                     raise UsageError(
@@ -199,15 +200,17 @@ class Target:
 
     REGISTRY_ANSWERS_KEPT = 4
 
+    def _registry_name(self) -> str:
+        """The registry's path in the tree, or its absolute path when flaloop.toml names one outside."""
+        where, root = self.registry_file.resolve(), self.root.resolve()
+        return where.relative_to(root).as_posix() if where.is_relative_to(root) else str(where)
+
     def _registry_cache(self) -> Path | None:
         try:
             content = hashlib.sha256(self.registry_file.read_bytes()).hexdigest()
         except OSError:
             return None
-        where = self.registry_file.resolve()
-        root = self.root.resolve()
-        where = where.relative_to(root).as_posix() if where.is_relative_to(root) else str(where)  # one outside the tree
-        key = hashlib.sha256(json.dumps([where, content, self.python]).encode()).hexdigest()[:20]
+        key = hashlib.sha256(json.dumps([self._registry_name(), content, self.python]).encode()).hexdigest()[:20]
         return fsutil.user_cache_dir() / "registry" / f"{key}.json"
 
     def _registry_stamp(self, files: list[str]) -> dict | None:
@@ -218,20 +221,23 @@ class Target:
         except OSError:
             return None
 
-    def _registry_entries(self, path: Path | None) -> list[dict]:
+    @staticmethod
+    def _registry_entries(path: Path | None) -> list[dict]:
+        """The well-formed answers kept at `path` (a damaged cache has none)."""
         doc = fsutil.read_json_cache(path) if path else None
         entries = doc.get("entries") if isinstance(doc, dict) else None
+        if not isinstance(entries, list):
+            return []
         return [e for e in entries if isinstance(e, dict) and isinstance(e.get("answer"), dict)
-                and isinstance(e["answer"].get("files"), list) and e["answer"]["files"]] if isinstance(entries, list) else []
+                and isinstance(e["answer"].get("files"), list) and e["answer"]["files"]]
 
-    def _cached_registry(self) -> dict | None:
-        for entry in self._registry_entries(self._registry_cache()):
+    def _cached_registry(self, path: Path | None) -> dict | None:
+        for entry in self._registry_entries(path):
             if self._registry_stamp(entry["answer"]["files"]) == entry.get("stamp"):
                 return entry["answer"]
         return None
 
-    def _keep_registry(self, ans: dict) -> None:
-        path = self._registry_cache()
+    def _keep_registry(self, path: Path | None, ans: dict) -> None:
         stamp = self._registry_stamp(ans.get("files") or [])
         if path and stamp and ans.get("files"):
             others = [e for e in self._registry_entries(path) if e.get("stamp") != stamp]

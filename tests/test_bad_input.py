@@ -132,6 +132,8 @@ def test_the_registry_answer_is_reused_until_a_file_it_loaded_changes(toy, tmp_p
     outside.write_text(reg.read_text())
     (toy / "flaloop.toml").write_text(f"[target]\nregistry = {str(outside)!r}\n")
     assert "toy_attn" in flaloop(toy, "list", "--json", env=env).stdout
+    outside.write_text(outside.read_text() + "\nraise RuntimeError('needs a GPU')\n")
+    refused(flaloop(toy, "list", env=env), 2, f"could not import the registry {outside}", "RuntimeError: needs a GPU")
 
 
 def test_a_registry_that_raises_on_import_names_the_line(toy):
