@@ -21,7 +21,7 @@ from pathlib import Path
 
 from flaloop import __version__, fsutil, git
 from flaloop.errors import UsageError
-from flaloop.target import OpSpec, Target, run_probe
+from flaloop.target import OpSpec, Target, run_query
 
 SCHEMA = 1
 LANGS = ("triton", "gluon", "tilelang", "cute", "cuda", "torch")
@@ -199,7 +199,7 @@ def pytest_config_file(root: Path) -> Path | None:
 
 
 def compute_frozen(target: Target, spec: OpSpec, base_commit: str) -> tuple[list[FrozenFile], dict]:
-    """The frozen set (hashed at the base commit) and the op probe's answer."""
+    """The frozen set (hashed at the base commit) and the op query's answer."""
     root = target.root
     real_root = os.path.realpath(root)
     test_path = target.test_path(spec)
@@ -223,16 +223,16 @@ def compute_frozen(target: Target, spec: OpSpec, base_commit: str) -> tuple[list
         for pair in imported_names(src.read_text(), spec.package):
             if pair not in wanted:
                 wanted.append(pair)
-    probe = run_probe(target.python, root, [
+    answer = run_query(target.python, root, [
         "op", "--import-path", spec.import_path, "--func", spec.func_name, "--resolve", json.dumps(wanted)])
-    if not probe.get("ok"):
+    if not answer.get("ok"):
         raise UsageError(f"could not import {spec.import_path}.{spec.func_name} with {target.python}: "
-                         f"{probe.get('error')}", "fix the import, or pass --python")
-    entry = probe["func_file"]
-    op_dir = Path(probe["module_file"]).parent
+                         f"{answer.get('error')}", "fix the import, or pass --python")
+    entry = answer["func_file"]
+    op_dir = Path(answer["module_file"]).parent
     if (op_dir / "naive.py").is_file():
         add(op_dir / "naive.py", "naive reference of the op")
-    for item in probe["resolved"]:
+    for item in answer["resolved"]:
         if item["error"]:
             raise UsageError(f"{spec.test_file} imports {item['module']}.{item['name'] or ''} but it fails "
                              f"to import: {item['error']}")
@@ -249,7 +249,7 @@ def compute_frozen(target: Target, spec: OpSpec, base_commit: str) -> tuple[list
             raise UsageError(f"frozen file {rel} does not exist at the base commit {base_commit[:12]}",
                              "commit it first, or choose a base that has it (--base)")
         frozen.append(FrozenFile(rel, hashlib.sha256(blob).hexdigest(), reason))
-    return frozen, probe
+    return frozen, answer
 
 
 def changed_frozen(target: Target, contract: Contract) -> list[tuple[FrozenFile, str]]:
@@ -304,11 +304,11 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
     if unknown_inputs:
         raise UsageError(f"--input names {', '.join(unknown_inputs)}, not inputs of {spec.name}",
                          f"its inputs: {', '.join(spec.registry.get('inputs', {}))}")
-    frozen, probe = compute_frozen(target, spec, base_commit)
-    entry_rel = os.path.relpath(probe["func_file"], os.path.realpath(target.root))
+    frozen, answer = compute_frozen(target, spec, base_commit)
+    entry_rel = os.path.relpath(answer["func_file"], os.path.realpath(target.root))
     contract = Contract(
         op=spec.name, import_path=spec.import_path, func_name=spec.func_name, entry_file=entry_rel,
-        signature=probe["signature"], parameters=probe["parameters"], base_ref=base_ref,
+        signature=answer["signature"], parameters=answer["parameters"], base_ref=base_ref,
         base_commit=base_commit, test_file=spec.test_file, frozen=frozen, target_speedup=speedup,
         shapes=list(shapes or known_shapes), modes=list(modes), langs=list(langs),
         input_overrides=overrides, varlen=varlen, max_iters=max_iters,

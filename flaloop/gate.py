@@ -42,7 +42,7 @@ from flaloop.contract import Contract, changed_frozen
 from flaloop.errors import UsageError
 from flaloop.target import Target
 
-PLUGIN_DIR = Path(__file__).parent / "probes"
+PLUGIN_DIR = Path(__file__).parent / "scripts"
 # Variables that weaken a test run. FLA_CI_ENV turns FLA's assert_close failures into warnings;
 # SKIP_TEST_* skips cases; PYTEST_ADDOPTS / PYTEST_PLUGINS can deselect or patch from outside.
 WEAKENING_ENV = ("FLA_CI_ENV", "SKIP_TEST_*", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
@@ -51,7 +51,7 @@ Progress = Callable[[int, int, str], None]
 
 
 @dataclass
-class Finding:
+class RedReason:
     """One reason the gate is red."""
 
     kind: str
@@ -91,7 +91,7 @@ class GateResult:
     test_file: str
     k_expr: str | None
     green: bool
-    findings: list[Finding]
+    findings: list[RedReason]
     stripped_env: dict[str, str]
     tree: dict
     base_commit: str
@@ -127,7 +127,7 @@ class GateResult:
         known_run = set(PytestRun.__dataclass_fields__)
         return cls(
             op=d["op"], test_file=d["test_file"], k_expr=d.get("k_expr"), green=d["green"],
-            findings=[Finding(**f) for f in d.get("findings") or []], stripped_env=d.get("stripped_env") or {},
+            findings=[RedReason(**f) for f in d.get("findings") or []], stripped_env=d.get("stripped_env") or {},
             tree=d["tree"], base_commit=d["base_commit"],
             run=PytestRun(**{"outcomes": {}, **{k: v for k, v in run.items() if k in known_run}}) if run else None,
             baseline=d.get("baseline"), log_path=d.get("log_path"), started=d["started"], wall_s=d.get("wall_s", 0.0),
@@ -394,40 +394,40 @@ def _failure_summary(run: PytestRun) -> str:
     return "\n".join(run.short_summary) if run.short_summary else run.log_tail
 
 
-def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Finding]:
+def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[RedReason]:
     """Every reason this run does not count as green."""
-    out: list[Finding] = []
+    out: list[RedReason] = []
     if run.exit_code is None or run.exit_code < 0:
-        out.append(Finding("pytest-died", f"pytest was killed (signal {-(run.exit_code or 0)}) or timed out",
+        out.append(RedReason("pytest-died", f"pytest was killed (signal {-(run.exit_code or 0)}) or timed out",
                            run.log_tail))
     elif run.exit_code != 0:
         what = {1: "tests failed", 2: "interrupted or collection errors", 3: "internal error",
                 4: "usage error", 5: "no tests collected"}.get(run.exit_code, "error")
-        out.append(Finding("pytest-exit", f"pytest exited {run.exit_code} ({what})", _failure_summary(run)))
+        out.append(RedReason("pytest-exit", f"pytest exited {run.exit_code} ({what})", _failure_summary(run)))
     if run.ran == 0:
-        out.append(Finding("no-test-ran", "no test ran: a gate that runs nothing proves nothing"))
+        out.append(RedReason("no-test-ran", "no test ran: a gate that runs nothing proves nothing"))
     base_ids, ids = set(base["selected"]), set(run.selected)
     if base_ids != ids:
         added, removed = sorted(ids - base_ids), sorted(base_ids - ids)
         detail = "\n".join([*(f"+ {i}" for i in added[:30]), *(f"- {i}" for i in removed[:30])])
-        out.append(Finding("ids-changed", f"the collected test ids differ from the base's: "
+        out.append(RedReason("ids-changed", f"the collected test ids differ from the base's: "
                                           f"{len(added)} new, {len(removed)} missing", detail))
     if run.skipped > base["skipped"]:
         skipped = sorted(i for i, o in run.outcomes.items() if o == "skipped")
-        out.append(Finding("more-skips", f"{run.skipped} cases skipped, the base skips {base['skipped']}",
+        out.append(RedReason("more-skips", f"{run.skipped} cases skipped, the base skips {base['skipped']}",
                            "\n".join(skipped[:30])))
     not_run = [i for i in run.selected if i not in run.outcomes]
     if run.selected and (not_run or run.ran < len(run.selected)):
-        out.append(Finding("not-run", f"{len(run.selected)} cases were selected but only {run.ran} ran",
+        out.append(RedReason("not-run", f"{len(run.selected)} cases were selected but only {run.ran} ran",
                            "\n".join(not_run[:30])))
     if run.env_inside:
         names = ", ".join(f"{k}={v}" for k, v in run.env_inside.items())
-        out.append(Finding("weakening-env", f"weakening variable(s) set inside the test process: {names}",
+        out.append(RedReason("weakening-env", f"weakening variable(s) set inside the test process: {names}",
                            "something in the tree sets them at import time; they turn failures into passes"))
     if run.package_file is None:
-        out.append(Finding("package-not-imported", f"the tests never imported the target package {package_root!r}"))
+        out.append(RedReason("package-not-imported", f"the tests never imported the target package {package_root!r}"))
     elif not os.path.abspath(run.package_file).startswith(str(tree).rstrip(os.sep) + os.sep):
-        out.append(Finding("wrong-tree", f"{package_root} was imported from {run.package_file}, "
+        out.append(RedReason("wrong-tree", f"{package_root} was imported from {run.package_file}, "
                                          f"not from the tree under test",
                            "an installed copy shadows the checkout: the gate would test the wrong code"))
     return out
@@ -498,9 +498,9 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
             prior.reused_from, prior.stripped_env, prior.wall_s = prior.started, stripped, time.monotonic() - t0
             record(target, prior)
             return prior
-    findings: list[Finding] = []
+    findings: list[RedReason] = []
     for f, diff in changed_frozen(target, contract):
-        findings.append(Finding("frozen-changed", f"frozen file {f.path} ({f.reason}) differs from the contract",
+        findings.append(RedReason("frozen-changed", f"frozen file {f.path} ({f.reason}) differs from the contract",
                                 diff))
     run = base = None
     log_path = ws / "gate" / f"gate-{stamp}.log"

@@ -5,7 +5,7 @@ Three layers keep a worker or pytest from running on after flaloop is gone:
      bounded (`kill_group`, `kill_popen`);
   2. `spawn` asks the kernel to SIGKILL the child when its parent dies (Linux
      `prctl(PR_SET_PDEATHSIG)` in a preexec function), which covers a SIGKILL of flaloop;
-  3. the child watches its parent itself (`probes/flaloop_lifeline.py`, armed by the bench
+  3. the child watches its parent itself (`scripts/flaloop_lifeline.py`, armed by the bench
      worker and the gate's pytest plugin, and so also in every pytest-xdist worker, which is a
      grandchild and gets no PDEATHSIG from us).
 

@@ -29,7 +29,7 @@ from flaloop.bench import model as model_mod
 from flaloop.bench.record import now_stamp
 from flaloop.errors import MeasurementError, UsageError
 
-PROBE = Path(__file__).parent / "probes" / "profile_step.py"
+SCRIPT = Path(__file__).parent / "scripts" / "profile_step.py"
 NCU_SETS = {
     "full": ["--set", "full", "--section", "PmSampling", "--section", "PmSampling_WarpStates"],
     "source": ["--set", "source", "--section", "SourceCounters"],
@@ -63,9 +63,9 @@ def _env(ws: Path) -> dict:
     return env
 
 
-def _run_probe(python: str, tree: Path, registry: Path, op: str, wire: dict, out: Path, side: str,
+def _run_step(python: str, tree: Path, registry: Path, op: str, wire: dict, out: Path, side: str,
                device: str | None, env: dict, prefix: list[str] | None = None, timeout: float = 1800) -> dict:
-    cmd = [*(prefix or []), python, str(PROBE), "--tree", str(tree), "--registry", str(registry), "--op", op,
+    cmd = [*(prefix or []), python, str(SCRIPT), "--tree", str(tree), "--registry", str(registry), "--op", op,
            "--cell", json.dumps(wire), "--out", str(out), "--side", side]
     if device:
         cmd += ["--device", device]
@@ -158,7 +158,7 @@ def run_ncu(ncu: str, python: str, trees: dict[str, Path], registry: Path, op: s
             prefix = [ncu, *flags, "--clock-control", "none", "--nvtx", "--nvtx-include", "flaloop_step/",
                       "--export", str(rep), "--force-overwrite"]
             try:
-                data = _run_probe(python, tree, registry, op, wire, out, side, device, env, prefix=prefix)
+                data = _run_step(python, tree, registry, op, wire, out, side, device, env, prefix=prefix)
             except MeasurementError as exc:
                 why = ncu_forbidden(f"{exc.message}\n{exc.hint or ''}") or exc.message
                 return {"available": False, "reason": why, "reports": reports, "summary": summary}
@@ -195,7 +195,7 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
         trees = {"base": base_tree, "cand": target.root}
         for side, tree in trees.items():
             say("side", side=side)
-            data = _run_probe(target.python, tree, registry, contract.op, wire, out, side, device, env)
+            data = _run_step(target.python, tree, registry, contract.op, wire, out, side, device, env)
             for key in ("_stdout", "_stderr"):
                 data.pop(key, None)
             where = (data.get("hello") or {}).get("op_module_file") or ""

@@ -1,7 +1,7 @@
 """Roofline: bytes moved and FLOPs per op family and shape, measured ceilings, % of the floor.
 
 Pure (no torch): the counts are arithmetic on the cell's shape, and the ceilings come from
-`flaloop/probes/ceilings.py`, run once per device in the target's interpreter and cached under
+`flaloop/scripts/ceilings.py`, run once per device in the target's interpreter and cached under
 `$XDG_CACHE_HOME/flaloop/`. docs/ROOFLINE.md derives every formula; in short:
 
 - bytes: compulsory HBM traffic. fwd reads every input once and writes the output once;
@@ -32,7 +32,7 @@ from flaloop import fsutil, procs
 from flaloop.errors import MeasurementError, UsageError
 
 CHUNK = 64
-PROBE = Path(__file__).parent / "probes" / "ceilings.py"
+SCRIPT = Path(__file__).parent / "scripts" / "ceilings.py"
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "long": 8, "int64": 8, "int32": 4}
 # The shape helpers FLA's registry uses, as dimension letters; anything else is not modelled.
 SHAPE_FNS = {"shape_BTHD": "BTHD", "shape_BTH": "BTH", "shape_BTD": "BTD", "shape_H": "H",
@@ -105,7 +105,7 @@ NAME_PATTERNS = (
 
 
 def family_for(entry: dict | None, op: str | None = None) -> Family | None:
-    """The family of a registry entry (target probe JSON: name, category, inputs), or None.
+    """The family of a registry entry (target query JSON: name, category, inputs), or None.
 
     The category decides when it is set; only an entry without one falls back to the op name.
     The entry's TensorSpecs replace the family's default inputs when every shape is one the
@@ -255,7 +255,7 @@ def measure_ceilings(python: str, device_uuid: str | None, timeout: float = 600)
     """Run the ceilings probe in the target's interpreter (on the GPU with this UUID, or the CPU)."""
     with tempfile.TemporaryDirectory(prefix="flaloop-ceilings-") as tmp:
         out = Path(tmp) / "ceilings.json"
-        cmd = [python, str(PROBE), "--out", str(out)]
+        cmd = [python, str(SCRIPT), "--out", str(out)]
         cmd += ["--device", "cuda", "--uuid", device_uuid] if device_uuid else ["--device", "cpu"]
         try:
             proc = procs.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)

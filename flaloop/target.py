@@ -37,7 +37,7 @@ import tomllib
 from flaloop import fsutil, git, procs
 from flaloop.errors import StorageError, UsageError
 
-PROBE = Path(__file__).parent / "probes" / "target_probe.py"
+SCRIPT = Path(__file__).parent / "scripts" / "target_query.py"
 DEFAULT_REGISTRY = "benchmarks/ops/registry.py"
 CONFIG_FILE = "flaloop.toml"
 
@@ -71,11 +71,11 @@ def derived_test_file(import_path: str) -> str:
     return f"tests/ops/test_{import_path.rsplit('.', 1)[-1]}.py"
 
 
-def run_probe(python: str, root: Path, args: list[str], timeout: float = 600) -> dict:
-    """Run the target probe in the target's interpreter; return its JSON answer."""
-    with tempfile.TemporaryDirectory(prefix="flaloop-probe-") as tmp:
+def run_query(python: str, root: Path, args: list[str], timeout: float = 600) -> dict:
+    """Run the target query (scripts/target_query.py) in the target's interpreter; return its JSON answer."""
+    with tempfile.TemporaryDirectory(prefix="flaloop-query-") as tmp:
         out = Path(tmp) / "out.json"
-        cmd = [python, str(PROBE), *args, "--tree", str(root), "--out", str(out)]
+        cmd = [python, str(SCRIPT), *args, "--tree", str(root), "--out", str(out)]
         try:
             proc = procs.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
@@ -88,7 +88,7 @@ def run_probe(python: str, root: Path, args: list[str], timeout: float = 600) ->
             return json.loads(out.read_text())
         except (OSError, ValueError):
             tail = (stderr or stdout)[-2000:]
-            raise UsageError(f"the target probe died (exit {proc.returncode}) under {python}:\n{tail}",
+            raise UsageError(f"the target query died (exit {proc.returncode}) under {python}:\n{tail}",
                              "check that --python is the interpreter of the target (it must import torch)") from None
 
 
@@ -176,7 +176,7 @@ class Target:
                 cache = self._registry_cache()
                 ans = self._cached_registry(cache)
                 if ans is None:
-                    ans = run_probe(self.python, self.root, ["registry", "--registry", str(self.registry_file)])
+                    ans = run_query(self.python, self.root, ["registry", "--registry", str(self.registry_file)])
                     if ans.get("ok"):
                         self._keep_registry(cache, ans)
                 if not ans.get("ok"):

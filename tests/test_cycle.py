@@ -114,7 +114,7 @@ def test_a_lean_run_whose_every_cell_is_blocked_in_the_warm_up_still_checks_the_
 
 
 def test_the_lean_check_compares_the_kernels_one_call_launches():
-    from flaloop.guard.probes import lean_kernels
+    from flaloop.guard.dynamic import lean_kernels
 
     real = {"triton_launches": {"chunk_fwd_kernel_o": 1, "fused_fast_path": 1}, "kernels": {"chunk_fwd_kernel_o": 1}}
     same = {"triton_launches": dict(real["triton_launches"]), "kernels": dict(real["kernels"])}

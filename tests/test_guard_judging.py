@@ -8,7 +8,7 @@ import math
 
 from flaloop.bench.analysis import analyse
 from flaloop.bench.model import Cell, CellResult, Pair
-from flaloop.guard import probes as judge
+from flaloop.guard import dynamic as judge
 
 
 def pairs(base_ms: float, cand_ms: float, base_gap: float, cand_gap: float, n: int = 12) -> list[Pair]:

@@ -1,7 +1,7 @@
 """The guard's dynamic probes, as the bench runs them: each planted cheat, in two disguises, is
 caught by its probe id. Each cheat is a tree of the worker-test target whose op misbehaves; a base
 worker and one worker per cheat run the real protocol (setup, the mutated-inputs dump/compare,
-probe) and `flaloop.guard.probes` judges the two reports, as the session does."""
+probe) and `flaloop.guard.dynamic` judges the two reports, as the session does."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_worker import REGISTRY, Worker, cell
+from test_worker import REGISTRY, Driver, cell
 
-from flaloop.guard import probes as judge
+from flaloop.guard import dynamic as judge
 
 torch = pytest.importorskip("torch")
 
@@ -222,7 +222,7 @@ def make_tree(root, op_src: str, init_src: str = ""):
 CELL = cell("c", mode="fwd", dtype="float32", seed=1)
 
 
-def report(w: Worker, tmp, name: str, ref: str | None = None) -> tuple[dict, dict | None]:
+def report(w: Driver, tmp, name: str, ref: str | None = None) -> tuple[dict, dict | None]:
     w.ok("setup", cell=CELL)
     r = w.ok("probe", cell="c")
     if ref is None:
@@ -243,7 +243,7 @@ def judged(tmp_path_factory):
     for name, src in HONEST.items():
         trees[name] = make_tree(tmp / name, src)
     # forked by a warm fork server, as a bench's workers are by default
-    workers = {name: Worker(t, "toy_op", "base" if name == "base" else "cand", forked=True) for name, t in trees.items()}
+    workers = {name: Driver(t, "toy_op", "base" if name == "base" else "cand", forked=True) for name, t in trees.items()}
     try:
         base_hello = workers["base"].ok("hello")
         base, _ = report(workers["base"], tmp, "base")

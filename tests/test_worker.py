@@ -193,7 +193,7 @@ class Forked:
         self.proc.kill()
 
 
-class Worker:
+class Driver:
     """Drive one worker process through its pipes: spawned, or with `forked` forked by a warm fork
     server as a bench's workers are by default (many workers then share one import of torch)."""
 
@@ -285,10 +285,10 @@ def trees(tmp_path_factory):
 def workers(trees):
     started = {}
 
-    def get(tree: str, op: str = 'toy_op', side: str | None = None) -> Worker:
+    def get(tree: str, op: str = 'toy_op', side: str | None = None) -> Driver:
         key = (tree, op)
         if key not in started:
-            started[key] = Worker(trees[tree], op, side or ('base' if tree == 'base' else 'cand'), forked=True)
+            started[key] = Driver(trees[tree], op, side or ('base' if tree == 'base' else 'cand'), forked=True)
         return started[key]
 
     # forked from one warm server, as a bench's workers are by default (spawned ones are tested below)
@@ -576,8 +576,8 @@ def test_stdout_noise_does_not_break_protocol(workers):
 
 
 def test_eof_and_quit_exit_zero(trees, tmp_path):
-    w = Worker(trees['base'], 'toy_op', 'base', workdir=tmp_path / 'wd')
-    q = Worker(trees['cand'], 'toy_op', 'cand', workdir=tmp_path / 'wd')
+    w = Driver(trees['base'], 'toy_op', 'base', workdir=tmp_path / 'wd')
+    q = Driver(trees['cand'], 'toy_op', 'cand', workdir=tmp_path / 'wd')
     try:
         w.p.stdin.close()
         assert w.p.wait(timeout=TIMEOUT_S) == 0, w.stderr()
@@ -590,7 +590,7 @@ def test_eof_and_quit_exit_zero(trees, tmp_path):
 
 
 def test_init_error_is_reported_not_fatal(trees, tmp_path):
-    w = Worker(trees['base'], 'no_such_op', 'base', workdir=tmp_path)
+    w = Driver(trees['base'], 'no_such_op', 'base', workdir=tmp_path)
     try:
         r = w.req('hello')
         assert r['ok'] is False and 'no_such_op' in r['error'] and 'toy_op' in r['traceback']
@@ -635,9 +635,9 @@ def test_gpu_graph_timer_and_proof(tmp_path):
     reg = tree / 'benchmarks' / 'ops' / 'registry.py'
     reg.write_text(reg.read_text() + "\nregister_op(OpConfig(name='toy_sync', import_path='toyop.ops.scale', "
                    'inputs=dict(_qkv)))\n')
-    w = Worker(tree, 'toy_op', 'base', device='cuda')
-    c = Worker(tree, 'toy_op', 'cand', device='cuda')
-    s = Worker(tree, 'toy_sync', 'base', device='cuda')
+    w = Driver(tree, 'toy_op', 'base', device='cuda')
+    c = Driver(tree, 'toy_op', 'cand', device='cuda')
+    s = Driver(tree, 'toy_sync', 'base', device='cuda')
     try:
         h = w.ok('hello')
         assert h['device'] == 'cuda' and h['l2_bytes'] and h['device_uuid']

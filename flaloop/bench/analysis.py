@@ -14,7 +14,7 @@ import numpy as np
 
 from flaloop import stats
 from flaloop.bench.model import CellResult
-from flaloop.guard import probes as guard_probes
+from flaloop.guard import dynamic
 
 
 def tuning_differences(base: dict, cand: dict) -> list[str]:
@@ -87,8 +87,8 @@ def settled(est: stats.SpeedupEstimate | None, margin: float, band: float) -> st
 
 
 def _judge_timing(r: CellResult) -> None:
-    for f in (guard_probes.timer_wall_gap(r.cell.id, r.pairs, r.k, r.timer),
-              guard_probes.eager_disagrees(r.cell.id, (r.estimate or {}).get("speedup"),
+    for f in (dynamic.timer_wall_gap(r.cell.id, r.pairs, r.k, r.timer),
+              dynamic.eager_disagrees(r.cell.id, (r.estimate or {}).get("speedup"),
                                            r.summary.get("eager") or {}, r.summary.get("host") or {})):
         if f is not None:
             r.findings.append(f.to_dict())

@@ -20,7 +20,7 @@ from pathlib import Path
 from flaloop import fsutil
 from flaloop.bench import forkservers
 from flaloop.bench.forkservers import ForkServer
-from flaloop.bench.workers import Worker, WorkerFailed
+from flaloop.bench.workers import WorkerClient, WorkerFailed
 from flaloop.errors import MeasurementError, StorageError
 
 SIDES = ("base", "cand")
@@ -53,8 +53,8 @@ class WorkerPool:
         self.use_forkserver = use_forkserver
         self.preload = self._preload()
         self.seen_preload: dict[str, None] = {}  # third-party modules this run's workers imported, in order
-        self.started: list[Worker] = []
-        self.ahead: dict[str, tuple[tuple[str, str], dict[str, Worker]]] = {}
+        self.started: list[WorkerClient] = []
+        self.ahead: dict[str, tuple[tuple[str, str], dict[str, WorkerClient]]] = {}
         self._n = 0
         if use_forkserver:
             self._connect_server()
@@ -113,7 +113,7 @@ class WorkerPool:
 
     # -- pairs --
 
-    def start_pair(self, order: tuple[str, str], label: str, import_mode: str | None = None) -> dict[str, Worker]:
+    def start_pair(self, order: tuple[str, str], label: str, import_mode: str | None = None) -> dict[str, WorkerClient]:
         """Start one process per side, in `order` (the round's start order); don't wait for them."""
         import_mode = import_mode or self.import_mode
         pair = {}
@@ -121,18 +121,18 @@ class WorkerPool:
             self._n += 1
             log = self.run_dir / f"{side}-{label}.stderr"
             try:
-                w = Worker(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
+                w = WorkerClient(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
                            env=self.env, server=self.server, env_extra=self.env_extra,
                            import_mode=import_mode)
             except RuntimeError as exc:  # the fork server refused: spawn from now on
                 self.fall_back(str(exc))
-                w = Worker(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
+                w = WorkerClient(side, self.python, self.trees[side], self.registry, self.op, self.device, log,
                            env=self.env, env_extra=self.env_extra, import_mode=import_mode)
             self.started.append(w)
             pair[side] = w
         return pair
 
-    def greet(self, pair: dict[str, Worker], order: tuple[str, str]) -> dict[str, dict]:
+    def greet(self, pair: dict[str, WorkerClient], order: tuple[str, str]) -> dict[str, dict]:
         """hello from each side (in order), each proving its op came from its own tree."""
         hellos = {}
         for side in order:
@@ -159,7 +159,7 @@ class WorkerPool:
         if label not in self.ahead:
             self.ahead[label] = (order, self.start_pair(order, label, import_mode))
 
-    def take(self, label: str, order: tuple[str, str]) -> tuple[dict[str, Worker], dict[str, dict]]:
+    def take(self, label: str, order: tuple[str, str]) -> tuple[dict[str, WorkerClient], dict[str, dict]]:
         """A greeted pair for `label`: the one started ahead, else a new one. A forked pair that
         cannot even say hello (a library that broke under fork, CUDA initialised before the fork)
         is replaced by spawned processes, and nothing is forked after that."""
@@ -194,7 +194,7 @@ class WorkerPool:
         return out
 
     @staticmethod
-    def close_pair(pair: dict[str, Worker]) -> None:
+    def close_pair(pair: dict[str, WorkerClient]) -> None:
         for w in pair.values():
             w.close()
 

@@ -20,7 +20,7 @@ from flaloop.bench.model import BenchConfig, make_cells
 from flaloop.bench.session import Cancelled, Events, Session
 from flaloop.errors import MeasurementError, StorageError, UsageError
 from flaloop.gate import last_gate_for
-from flaloop.guard import probes as guard_probes
+from flaloop.guard import dynamic
 from flaloop.guard.audit import audit
 from flaloop.guard.findings import apply_allowances
 
@@ -57,11 +57,11 @@ def _roofline(record: dict, target, spec, env: dict, allowed: list[dict]) -> Non
         return
     for cell in record["cells"]:
         roof, summ = cell.get("roofline") or {}, cell.get("summary") or {}
-        f = guard_probes.implausible(cell["cell"]["id"], (summ.get("cand") or {}).get("median"), roof.get("floor_ms"))
+        f = dynamic.implausible(cell["cell"]["id"], (summ.get("cand") or {}).get("median"), roof.get("floor_ms"))
         if f is None:
             continue
         if (roof.get("pct_of_floor_base") or 0) > 100:
-            f = guard_probes.finding("implausible-speedup", f.message + " (the base is below it too: the model is "
+            f = dynamic.finding("implausible-speedup", f.message + " (the base is below it too: the model is "
                                      "off for this op)", f.cell, severity="warn")
         (f,) = apply_allowances([f], allowed)
         cell["findings"].append(f.to_dict())

@@ -35,10 +35,10 @@ from flaloop.bench.model import BenchConfig, Cell, CellResult
 from flaloop.bench.pool import WorkerPool
 from flaloop.bench.sampling import Sampling
 from flaloop.bench.warmup import WarmUp
-from flaloop.bench.workers import Worker, WorkerFailed
+from flaloop.bench.workers import WorkerClient, WorkerFailed
 from flaloop.errors import MeasurementError
 from flaloop.evidence import Clocks, fingerprint, idle_evidence
-from flaloop.guard import probes as guard_probes
+from flaloop.guard import dynamic
 from flaloop.guard.findings import apply_allowances
 
 Events = Callable[..., None]
@@ -73,7 +73,7 @@ class Session(WarmUp, Sampling):
         self.allowed = allowed or []
         self.gpu = gpu
         self.results = [CellResult(c) for c in cells]
-        self.workers: dict[str, Worker] = {}
+        self.workers: dict[str, WorkerClient] = {}
         self.pool: WorkerPool | None = None
         self.clocks: Clocks | None = None
         self.env_info: dict = {}
@@ -241,7 +241,7 @@ class Session(WarmUp, Sampling):
                 measured = self.hellos[0] if self.hellos else self.warmup_hellos  # none measured: the warm-up's
                 lean = {side: h.get("numeric_at_import") or {} for side, h in measured.items()}
                 full = {side: h.get("numeric_at_import") or {} for side, h in hellos.items()}
-                found = guard_probes.lean_import(lean, full)
+                found = dynamic.lean_import(lean, full)
                 res = next((r for r in self.results if r.status == "ok" and r.probes), None)
                 if res is not None:
                     compared = res.cell.id
@@ -251,12 +251,12 @@ class Session(WarmUp, Sampling):
                         if not w.request("setup", self.cfg.setup_timeout, cell=wire).get("ok"):
                             raise WorkerFailed(side, f"could not set up {res.cell.id} with the real import", "")
                         real = w.request("probe", self.cfg.setup_timeout, cell=res.cell.id)
-                        found += guard_probes.lean_kernels(side, res.cell.id, (res.probes.get(side) or {}).get("census"),
+                        found += dynamic.lean_kernels(side, res.cell.id, (res.probes.get(side) or {}).get("census"),
                                                            ((real.get("probes") or {}).get("census")))
             finally:
                 WorkerPool.close_pair(pair)
         except (MeasurementError, WorkerFailed) as exc:  # the real import is broken: nothing to vouch for lean
-            found = [guard_probes.finding("lean-import-differs", f"the real import failed: {exc.message}", side=None)]
+            found = [dynamic.finding("lean-import-differs", f"the real import failed: {exc.message}", side=None)]
             hellos = {}
         self.lean_check = {"reference_pids": {s: h.get("pid") for s, h in hellos.items()},
                            "kernels_compared_on": compared, "differs": [f.message for f in found]}
@@ -347,7 +347,7 @@ class Session(WarmUp, Sampling):
         if not new:
             return
         self.integrity[side].extend(new)
-        found = guard_probes.integrity(self.integrity["base"], self.integrity["cand"], aa=self.cfg.aa)
+        found = dynamic.integrity(self.integrity["base"], self.integrity["cand"], aa=self.cfg.aa)
         known = {f["message"] for f in self.run_findings}
         for f in apply_allowances(found, self.allowed):
             if f.message not in known:

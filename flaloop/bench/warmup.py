@@ -17,7 +17,7 @@ import time
 from flaloop.bench.analysis import tuning_differences
 from flaloop.bench.model import CellResult
 from flaloop.bench.workers import WorkerFailed
-from flaloop.guard import probes as guard_probes
+from flaloop.guard import dynamic
 from flaloop.guard.findings import apply_allowances
 
 
@@ -72,7 +72,7 @@ class WarmUp:
             res.status, res.reason = "blocked", (
                 "candidate differs from base: " + ", ".join(
                     f"{n} rel-RMS {t.get('rel_rms')}, non-finite {t.get('nonfinite_self')}" for n, t in worst))
-            found = guard_probes.finding("differs-from-base", res.reason, res.cell.id)
+            found = dynamic.finding("differs-from-base", res.reason, res.cell.id)
             res.findings = [f.to_dict() for f in apply_allowances([found], [])]  # never allowable: it is wrong
             return None
         if self.cfg.probes:
@@ -124,7 +124,7 @@ class WarmUp:
         res.probes = {"base": b["probes"], "cand": c["probes"], "mutated": mutated,
                       "seconds": {"base": b.get("seconds"), "cand": c.get("seconds"),
                                   "mutated": mutated.get("seconds")}}
-        found = guard_probes.cell_findings(res.cell.id, b["probes"], c["probes"], mutated,
+        found = dynamic.cell_findings(res.cell.id, b["probes"], c["probes"], mutated,
                                            self.cfg.diff_tol, aa=self.cfg.aa)
         res.findings = [f.to_dict() for f in apply_allowances(found, self.allowed)]
         blocking = sorted({f["rule"] for f in res.findings if f["blocking"]})

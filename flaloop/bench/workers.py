@@ -1,6 +1,6 @@
 """Worker processes seen from the orchestrator: how they come to exist and how we talk to them.
 
-A `Worker` speaks JSON lines over pipes (flaloop/bench/worker/protocol.py). It runs either as a
+A `WorkerClient` speaks JSON lines over pipes (flaloop/bench/worker/protocol.py). It runs either as a
 plain subprocess of the target's interpreter, or as a child forked by a warm fork server that
 imported torch and the target's third-party libraries once (bench/forkservers.py): with FLA
 that turns a 16-19 s import per process into the import of FLA's own modules. The fork server
@@ -102,7 +102,7 @@ class ForkedProc:
                 f.close()
 
 
-class Worker:
+class WorkerClient:
     """One long-lived worker process speaking JSON lines over pipes."""
 
     def __init__(self, side: str, python: str, tree: Path, registry: Path, op: str, device: str,

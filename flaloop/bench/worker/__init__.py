@@ -7,7 +7,7 @@ shadow one of the target's. The orchestrator (flaloop/bench/session.py) never im
 
 Modules, in the order a request meets them:
   protocol   JSON lines on a private copy of stdout; fd 1 and sys.stdout go to stderr
-  server     the `Worker` and its commands (hello, setup, probe, sample, eager, dump, compare, release)
+  server     the `WorkerServer` and its commands (hello, setup, probe, sample, eager, dump, compare, release)
   target     the registry and the op, imported from the tree under test
   integrity  references to every timing function, kept before the target is imported, and checks
   inputs     deterministic input sets built from the registry's TensorSpecs

@@ -23,10 +23,10 @@ def _load_package():
 
 def _arm_lifeline() -> None:
     """Exit when flaloop is gone, from the first instant (importing torch takes seconds): see
-    flaloop/probes/flaloop_lifeline.py. A forked worker arms it right after the fork, watching the
+    flaloop/scripts/flaloop_lifeline.py. A forked worker arms it right after the fork, watching the
     flaloop process named in its environment (the fork server runs no thread and outlives runs)."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
-                        'probes', 'flaloop_lifeline.py')
+                        'scripts', 'flaloop_lifeline.py')
     spec = importlib.util.spec_from_file_location('_flaloop_lifeline', path)
     if spec is not None and spec.loader is not None and os.path.exists(path):
         module = importlib.util.module_from_spec(spec)

@@ -41,7 +41,7 @@ class GraphProofError(Exception):
     """The captured CUDA graph does not reproduce the eager results."""
 
 
-class Cell:
+class BuiltCell:
     def __init__(self, worker, spec: dict):
         self.w = worker
         self.cfg = worker.cfg

@@ -16,7 +16,7 @@ timing: they may patch allocators or wrap Triton's launcher, and undo it before 
   l2           the persisting-L2 limit and the current stream's access-policy window (GPU)
 
 The mutation probe (inputs changed in place, same pointers) is a variant of dump/compare: see
-`Cell.results_mutated`.
+`BuiltCell.results_mutated`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The worker process: one side (base or candidate) of a paired benchmark, serving requests.
 
-Commands (``Worker.cmd_*``): hello, setup, probe, sample, eager, dump, compare, unshare, release, quit.
+Commands (``WorkerServer.cmd_*``): hello, setup, probe, sample, eager, dump, compare, unshare, release, quit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import traceback
 import torch
 
 from . import integrity, probes, timing
-from .cell import Cell
+from .cell import BuiltCell
 from .compare import compare_results, load_dump, open_shared, save_dump, share
 from .protocol import InitError, send, serve, short_error
 from .target import LAZY_RAN, apply_backend_env, import_op, load_registry, loaded_outside, source_file
@@ -28,11 +28,11 @@ def forked_with() -> frozenset:
     return getattr(sys.modules.get(f'{__package__}.forkserver'), 'FORKED_WITH', frozenset())
 
 
-class Worker:
+class WorkerServer:
     def __init__(self, args):
         self.args = args
         self.side = args.side
-        self.cells: dict[str, Cell] = {}
+        self.cells: dict[str, BuiltCell] = {}
         self.shared: dict = {}  # results another process maps through CUDA IPC (`dump` with share)
         self.init_error = None
         self.cfg = self.fn = self.mod = None
@@ -124,7 +124,7 @@ class Worker:
             except Exception:
                 pass
 
-    def _cell(self, req: dict) -> Cell:
+    def _cell(self, req: dict) -> BuiltCell:
         cid = req.get('cell')
         if isinstance(cid, dict):
             cid = cid.get('id')
@@ -184,7 +184,7 @@ class Worker:
         cid = str(spec['id'])
         if cid in self.cells:
             self._release(cid)
-        cell = Cell(self, spec)
+        cell = BuiltCell(self, spec)
         reply = cell.build()
         self.cells[cid] = cell
         self.watch.check()
@@ -225,7 +225,7 @@ class Worker:
         return {'cell': cell.id, 'k': cell.k, 'host_ms': host, 'wall_ms': wall}
 
     @staticmethod
-    def _results(cell: Cell, req: dict) -> dict:
+    def _results(cell: BuiltCell, req: dict) -> dict:
         """Set 0's results, or with "mutated" its results on inputs changed in place (the guard's
         mutation probe: a candidate that caches by pointer returns stale values there)."""
         if req.get('mutated'):
@@ -319,11 +319,11 @@ def parse_args(argv):
 
 def main(proto, argv) -> int:
     args = parse_args(argv)
-    worker = Worker(args)
+    worker = WorkerServer(args)
     try:
         return serve(worker, sys.stdin, proto)
     except BrokenPipeError:
         return 1
 
 
-__all__ = ['Worker', 'main', 'send']
+__all__ = ['WorkerServer', 'main', 'send']

@@ -1,7 +1,7 @@
 """Runs inside the TARGET's interpreter, as a script: never imports flaloop.
 
-    python target_probe.py registry --tree ROOT --registry FILE --out OUT.json
-    python target_probe.py op --tree ROOT --import-path MOD --func NAME \
+    python target_query.py registry --tree ROOT --registry FILE --out OUT.json
+    python target_query.py op --tree ROOT --import-path MOD --func NAME \
         --resolve '[["pkg.mod", "name"], ...]' --out OUT.json
 
 `registry` imports the target's own op registry (FLA's interface: OpConfig, TensorSpec,

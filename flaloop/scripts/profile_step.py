@@ -46,7 +46,7 @@ def _build(args):
     wmod = _load_worker()
     wargs = argparse.Namespace(tree=args.tree, registry=args.registry, op=args.op, side=args.side,
                                device=args.device, workdir=None, backend=None, import_mode='full')
-    worker = wmod.Worker(wargs)
+    worker = wmod.WorkerServer(wargs)
     if worker.init_error:
         raise RuntimeError(f"could not import {args.op}: {worker.init_error[0]}")
     hello = worker.handle("hello", {})
