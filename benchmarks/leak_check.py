@@ -101,7 +101,7 @@ def main() -> int:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     repo, op = (Path(args.repo).resolve(), args.op) if args.repo else toy_repo(scratch)
 
-    from flaloop.bench import record
+    from flaloop.bench import run
     from flaloop.bench.model import BenchConfig
     from flaloop.contract import Contract
     from flaloop.target import Target
@@ -111,10 +111,10 @@ def main() -> int:
 
     def one() -> None:
         cfg = BenchConfig(device="cpu", modes=["fwd"], rounds=1, max_rounds=1, min_pairs=4, max_pairs=6,
-                          cell_seconds=10, min_sample_ms=1.0)
-        rec = record.bench(target, contract, base_ref=None, shapes=contract.shapes[:1], cfg=cfg)
-        if not rec["summary"].get("n_measured"):
-            raise SystemExit(f"a bench measured nothing: {rec.get('errors')}")
+                          cell_seconds=10, sample_ms=1.0)
+        rec = run.bench(target, contract, base_ref=None, shapes=contract.shapes[:1], cfg=cfg)
+        if not rec.summary.n_measured:
+            raise SystemExit(f"a bench measured nothing: {rec.errors}")
 
     start = settled(target, op, str(tmpdir), None)
     t0 = time.monotonic()

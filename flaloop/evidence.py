@@ -257,13 +257,10 @@ def during_evidence(readings: Iterable) -> dict:
     return out
 
 
-def readings_of(record: dict) -> list[dict]:
-    """Every clock reading a run record holds (before and after each pair of every cell)."""
-    out = []
-    for cell in record.get("cells") or []:
-        for p in cell.get("pairs") or []:
-            out.extend(r for r in (p.get("clock_before"), p.get("clock_after")) if r)
-    return out
+def readings_of(record) -> list[dict]:
+    """Every clock reading a run record (bench/record.RunRecord) holds: before and after each pair
+    of every cell."""
+    return [r for cell in record.cells for p in cell.pairs for r in (p.clock_before, p.clock_after) if r]
 
 
 def visible_gpus() -> list[str]:

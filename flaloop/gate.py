@@ -435,7 +435,8 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Red
 
 def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, env: dict[str, str],
                         watch: tuple[str, ...], log_path: Path, progress, baseline_progress,
-                        timeout: float | None, workers: int, gpus: list[str] | None) -> tuple[dict, PytestRun]:
+                        timeout: float | None, workers: int, gpus: list[str] | None,
+                        cancel: threading.Event | None = None) -> tuple[dict, PytestRun]:
     """The base's collected ids and the candidate's run. A baseline cached for this base commit is
     read first, and no more xdist workers start than it has tests; an uncached one (a collect-only
     run at the base: a torch import and a collection, 20 s for FLA on the H200) runs beside the
@@ -449,9 +450,16 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
 
     base = _cached_baseline(target, contract, k_expr, "collect")
     if base is not None:
-        return base, candidate(min(workers, max(1, len(base["selected"]))) if workers else 0)
-    stop = threading.Event()  # the base failed, or the caller was interrupted: both runs end
+        return base, candidate(min(workers, max(1, len(base["selected"]))) if workers else 0, cancel)
+    stop = threading.Event()  # the base failed, or the caller was interrupted or withdrew: both runs end
     box: dict = {}
+    done = threading.Event()
+
+    def watch_cancel() -> None:
+        while not done.wait(0.2):
+            if cancel is not None and cancel.is_set():
+                stop.set()
+                return
 
     def base_side() -> None:
         try:
@@ -463,6 +471,8 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
 
     t = threading.Thread(target=base_side, name="flaloop-gate-baseline", daemon=True)
     t.start()
+    if cancel is not None:
+        threading.Thread(target=watch_cancel, name="flaloop-gate-cancel", daemon=True).start()
     try:
         run = candidate(workers, stop)
         t.join()
@@ -470,6 +480,8 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
         stop.set()
         t.join(timeout=30)  # its pytest is stopped within a second or so; its worktree goes with it
         raise
+    finally:
+        done.set()
     if "error" in box:
         raise box["error"]
     return box["base"], run
@@ -478,13 +490,15 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
 def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
              progress: Progress | None = None, baseline_progress: Progress | None = None,
              timeout: float | None = None, workers: int = 0, gpus: list[str] | None = None,
-             regate: bool = False) -> GateResult:
+             regate: bool = False, cancel: threading.Event | None = None, record_last: bool = True) -> GateResult:
     """Run the gate. `workers` > 0 spreads the candidate's run over pytest-xdist workers (Triton
     compiles in parallel: a cold FLA gate is compile-bound); `gpus` pins worker i to gpus[i % n].
 
     A recorded green gate whose `reuse_key` equals this one's (same tree state, contract, frozen
     hashes, environment and interpreter) is returned instead of running pytest again, marked
-    `reused_from`; `regate` always runs it."""
+    `reused_from`; `regate` always runs it. `cancel` stops pytest (a sweep withdrawn); a gate of a
+    tree other than the user's (a sweep's candidate) passes `record_last=False`: `gate/last.json`
+    speaks of the user's tree."""
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
     env, stripped, watch = clean_env(target.extra_strip_env())
@@ -496,22 +510,20 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
         prior = recorded_green(target, contract.op, key)
         if prior is not None and not changed_frozen(target, contract):
             prior.reused_from, prior.stripped_env, prior.wall_s = prior.started, stripped, time.monotonic() - t0
-            record(target, prior)
+            if record_last:
+                record(target, prior)
             return prior
     findings: list[RedReason] = []
     for f, diff in changed_frozen(target, contract):
         findings.append(RedReason("frozen-changed", f"frozen file {f.path} ({f.reason}) differs from the contract",
                                 diff))
     run = base = None
-    log_path = ws / "gate" / f"gate-{stamp}.log"
-    for i in range(2, 1000):  # two gates within one second keep both logs
-        if not log_path.exists():
-            break
-        log_path = ws / "gate" / f"gate-{stamp}-{i}.log"
+    log_path = None
     if not findings:  # a frozen edit is red already; don't spend minutes of GPU on it
         target.require_test_file(contract.op, contract.test_file)
+        log_path = _claim_log(ws / "gate", stamp)
         base, run = _base_and_candidate(target, contract, k_expr, env, watch, log_path, progress,
-                                        baseline_progress, timeout, workers, gpus)
+                                        baseline_progress, timeout, workers, gpus, cancel)
         if workers and run.exit_code == 4 and "-n" in run.log_tail and "unrecognized" in run.log_tail:
             raise UsageError(f"--workers needs pytest-xdist in the target's Python ({target.python})",
                              "install pytest-xdist there, or drop --workers")
@@ -519,16 +531,35 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
             # More skips than the base's markers declare: only a full run at the base can say
             # whether the base skipped them too (a test body may call pytest.skip itself).
             base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress,
-                            timeout=timeout, kind="full")
+                            timeout=timeout, kind="full", cancel=cancel)
         findings += judge(run, base, contract.import_path.split(".")[0], target.root)
     result = GateResult(op=contract.op, test_file=contract.test_file, k_expr=k_expr, green=not findings,
                         findings=findings, stripped_env=stripped, tree=tree, base_commit=contract.base_commit,
                         run=run, baseline=base, log_path=str(log_path) if run else None, started=started,
                         wall_s=time.monotonic() - t0, key=key)
-    record(target, result)
+    if record_last:
+        record(target, result)
     if result.green:
         fsutil.atomic_write_json(_green_cache(target, contract.op, key), result.to_dict())
     return result
+
+
+def _claim_log(gate_dir: Path, stamp: str) -> Path:
+    """A log path no other gate has: two gates within one second (a sweep runs several at once) keep both."""
+    try:
+        gate_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fsutil.storage_error(exc, gate_dir) from exc
+    for i in range(1, 10000):
+        path = gate_dir / (f"gate-{stamp}.log" if i == 1 else f"gate-{stamp}-{i}.log")
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return path
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise fsutil.storage_error(exc, path) from exc
+    raise UsageError(f"{gate_dir} holds 10000 gate logs of the second {stamp}", "run `flaloop clean OP`")
 
 
 def record(target: Target, result: GateResult) -> Path:

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,10 @@ from flaloop.errors import UsageError
 # FLA's conftest stops NaN-poisoning for any frame whose file path contains these, so no
 # tree we run tests from may live under such a path.
 POISON_BLIND_MARKERS = ("tests/", "test_")
+# git serialises work on one repository's worktree list through lock files; the measurements of a
+# sweep run in threads of one flaloop, so they take turns adding and removing worktrees.
+_WORKTREE_LOCK = threading.Lock()
+SNAPSHOT_MESSAGE = "flaloop: a snapshot of the working tree (not on any branch)"
 
 
 def _git(cwd: Path, *args: str, check: bool = True, text: bool = True,
@@ -171,7 +176,7 @@ def worktree(root: Path, commit: str, name: str = "base") -> Iterator[Path]:
     """
     path = None
     try:
-        with procs.deferred_interrupts():  # created and locked, or not at all; an interrupt waits
+        with procs.deferred_interrupts(), _WORKTREE_LOCK:  # created and locked, or not at all; an interrupt waits
             tmp = neutral_tempdir("flaloop-wt-")
             proc = _git(root, "worktree", "add", "--detach", "--quiet", "--lock", "--reason", lock_reason(),
                         str(tmp / name), commit, check=False)
@@ -194,13 +199,14 @@ def lock_reason() -> str:
 
 def remove_worktree(root: Path, path: Path) -> None:
     """Unlock and remove a worktree of ours and its temp dir; every step bounded in time."""
-    _git(root, "worktree", "unlock", str(path), check=False, timeout=60)
-    _git(root, "worktree", "remove", "--force", str(path), check=False, timeout=120)
-    if path.parent.name.startswith("flaloop-wt-"):
-        shutil.rmtree(path.parent, ignore_errors=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-    _git(root, "worktree", "prune", check=False, timeout=60)
+    with _WORKTREE_LOCK:
+        _git(root, "worktree", "unlock", str(path), check=False, timeout=60)
+        _git(root, "worktree", "remove", "--force", str(path), check=False, timeout=120)
+        if path.parent.name.startswith("flaloop-wt-"):
+            shutil.rmtree(path.parent, ignore_errors=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        _git(root, "worktree", "prune", check=False, timeout=60)
 
 
 @dataclass(frozen=True)
@@ -298,6 +304,118 @@ def files_at(root: Path, commit: str, under: str) -> list[str]:
     """Paths of the files under `under` at `commit`."""
     proc = _git(root, "ls-tree", "-r", "--name-only", "-z", commit, "--", under, check=False)
     return [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else []
+
+
+# -- tree states: a commit for every candidate, made without touching the user's index or branch ----
+
+def tree_of(root: Path, commit: str) -> str:
+    """The tree id of a commit: two commits with equal trees are the same code."""
+    return _git(root, "rev-parse", f"{commit}^{{tree}}").stdout.strip()
+
+
+def _plumbing_env(index: Path | None = None) -> dict:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    # commit-tree needs an identity; the snapshot is flaloop's, not the user's
+    env.setdefault("GIT_AUTHOR_NAME", "flaloop")
+    env.setdefault("GIT_AUTHOR_EMAIL", "flaloop@localhost")
+    env.setdefault("GIT_COMMITTER_NAME", "flaloop")
+    env.setdefault("GIT_COMMITTER_EMAIL", "flaloop@localhost")
+    if index is not None:
+        env["GIT_INDEX_FILE"] = str(index)
+    return env
+
+
+def _plumb(root: Path, *args: str, index: Path | None = None, input: str | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, input=input,
+                          env=_plumbing_env(index))
+    if proc.returncode != 0:
+        raise UsageError(f"git {' '.join(args)} failed in {root}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def commit_tree(root: Path, tree: str, parent: str, message: str) -> str:
+    """A commit of `tree` on top of `parent`, on no branch (a dangling commit until a ref names it)."""
+    return _plumb(root, "commit-tree", tree, "-p", parent, "-F", "-", input=message + "\n")
+
+
+def snapshot(root: Path) -> str:
+    """The working tree as a commit: HEAD itself when nothing is uncommitted, else a commit on top
+    of HEAD holding exactly what `commit_all` would take (tracked edits, untracked files git does not
+    ignore, bytecode aside). Built in a temporary index: the user's index, branch and files are
+    untouched, and no ref points at it (a measurement checks it out as a worktree, like the base)."""
+    head = head_commit(root)
+    if not changed_paths(root):
+        return head
+    fd, tmp = tempfile.mkstemp(prefix="flaloop-index-")
+    os.close(fd)
+    index = Path(tmp)
+    try:
+        index.unlink()  # git wants to create it
+        _plumb(root, "read-tree", "HEAD", index=index)
+        _plumb(root, "add", "-A", "--", ".", *NOT_A_CHANGE, index=index)
+        tree = _plumb(root, "write-tree", index=index)
+    finally:
+        index.unlink(missing_ok=True)
+    if tree == tree_of(root, head):
+        return head
+    return commit_tree(root, tree, head, SNAPSHOT_MESSAGE)
+
+
+def keep_ref(root: Path, name: str, commit: str) -> str:
+    """Point `refs/flaloop/<name>` at `commit` (a sweep's candidates outlive the sweep: `iter
+    --from-sweep` reads them back); not a branch, never checked out."""
+    ref = f"refs/flaloop/{name}"
+    _plumb(root, "update-ref", ref, commit)
+    return ref
+
+
+def patch_commit(root: Path, base: str, patch: Path) -> str:
+    """A commit on top of `base` with `patch` (a unified diff, `git diff` or `git format-patch`)
+    applied, made in a temporary index; UsageError quoting git when it does not apply."""
+    fd, tmp = tempfile.mkstemp(prefix="flaloop-index-")
+    os.close(fd)
+    index = Path(tmp)
+    try:
+        index.unlink()
+        _plumb(root, "read-tree", base, index=index)
+        proc = subprocess.run(["git", "apply", "--cached", "--whitespace=nowarn", str(patch.resolve())], cwd=root,
+                              capture_output=True, text=True, env=_plumbing_env(index))
+        if proc.returncode != 0:
+            raise UsageError(f"the patch {patch} does not apply to {base[:12]}: "
+                             f"{(proc.stderr or proc.stdout).strip().splitlines()[0] if (proc.stderr or proc.stdout).strip() else 'git apply failed'}",
+                             "make it against the base (`git diff BASE > change.diff`), or choose that base (--base)")
+        tree = _plumb(root, "write-tree", index=index)
+    finally:
+        index.unlink(missing_ok=True)
+    return commit_tree(root, tree, base, f"flaloop: {patch.name} applied to {base[:12]}")
+
+
+def bundle(root: Path, commits: list[str], dest: Path) -> Path:
+    """A git bundle holding `commits` and their history (what a remote measurement clones)."""
+    refs = []
+    for i, c in enumerate(dict.fromkeys(commits)):
+        refs.append(keep_ref(root, f"bundle/{os.getpid()}-{i}", c))
+    try:
+        _plumb(root, "bundle", "create", str(dest), *refs)
+    finally:
+        for ref in refs:
+            subprocess.run(["git", "update-ref", "-d", ref], cwd=root, capture_output=True)
+    return dest
+
+
+def diff_between(root: Path, a: str, b: str) -> str:
+    """The binary-safe diff from commit `a` to commit `b`."""
+    return _git(root, "diff", "--binary", "--no-color", a, b).stdout
+
+
+def apply_to_worktree(root: Path, diff_text: str) -> None:
+    """Apply a diff to the working tree (not the index), or change nothing and say why."""
+    for args in (["apply", "--check", "--whitespace=nowarn", "-"], ["apply", "--whitespace=nowarn", "-"]):
+        proc = subprocess.run(["git", *args], cwd=root, input=diff_text, capture_output=True, text=True,
+                              env=_plumbing_env())
+        if proc.returncode != 0:
+            raise UsageError(f"the candidate does not apply to the working tree: {(proc.stderr or '').strip()[:400]}",
+                             "its base and your branch differ on these files: iterate from its base, or rebase it")
 
 
 # -- commits made by the loop (flaloop iter): on the user's branch, never over their work ---------

@@ -259,7 +259,12 @@ def interrupted() -> bool:
 @contextlib.contextmanager
 def deferred_interrupts() -> Iterator[None]:
     """Hold a first interrupt until the block ends, then raise it: for steps that must not be
-    cut in two. Later interrupts are ignored anyway (see install_signal_handlers)."""
+    cut in two. Later interrupts are ignored anyway (see install_signal_handlers). Signals reach
+    the main thread only: in any other thread (a sweep's measurements) this holds nothing, and the
+    main thread withdraws that thread's work when it is interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _STATE.depth += 1
     try:
         yield

@@ -179,7 +179,7 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
     """Profile one step of one cell on both sides; write and return profile.json's content."""
     say = on_event or (lambda *a, **k: None)
     cell = pick_cell(target, contract, shape, mode)
-    wire = cell.to_wire(0, dict(contract.input_overrides), 1, "eager", 1.0)
+    wire = cell.to_wire(model_mod.BenchConfig(inputs=dict(contract.input_overrides), sample_ms=1.0), 1, "eager")
     ws = target.workspace(contract.op)
     stamp = now_stamp()
     out = ws / "trace" / stamp
@@ -188,7 +188,7 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
     env = _env(ws)
     state = git.tree_state(target.root)
     doc: dict = {"kind": "profile", "schema": 1, "op": contract.op, "created": stamp, "command": command,
-                 "cell": {**cell.to_wire(0, {}, None, "eager", 1.0), "shape_name": cell.shape_name},
+                 "cell": {**cell.to_wire(model_mod.BenchConfig(sample_ms=1.0), None, "eager"), "shape_name": cell.shape_name},
                  "base_commit": contract.base_commit, "candidate": state}
     with git.worktree(target.root, contract.base_commit, "base") as base_tree:
         registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flaloop import evidence, git, roofline
+from flaloop.bench import record as record_mod
+from flaloop.bench.record import RunRecord
 from flaloop.errors import UsageError
 
 WIN = ("improvement", "trade-off")
@@ -53,14 +55,17 @@ def _read_json(p: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def load_records(ws: Path) -> list[dict]:
-    """Bench run records, oldest first (their directory names start with the UTC stamp)."""
+def load_records(ws: Path) -> list[RunRecord]:
+    """Bench run records, oldest first (their directory names start with the UTC stamp); a record
+    that cannot be read (cut short, another flaloop's schema) is left out."""
     out = []
     for p in sorted((ws / "runs").glob("*/record.json")):
-        r = _read_json(p)
-        if r and r.get("kind") == "bench":
-            r.setdefault("path", str(p))
-            r["_path"] = str(p)
+        try:
+            r = record_mod.read(p)
+        except UsageError:
+            continue
+        if r.kind == "bench":
+            r.path = str(p)
             out.append(r)
     return out
 
@@ -128,6 +133,7 @@ class Claim:
     states: list[dict]          # candidate tree states that are the claim
     iteration: dict | None = None
     no_go: bool = False         # a loop without a kept iteration
+    tree: str | None = None     # the claim's code (a git tree id): a record of a commit with this tree is its record
 
     def to_dict(self) -> dict:
         it = self.iteration or {}
@@ -140,37 +146,45 @@ def find_claim(root: Path, iterations: list[dict]) -> Claim:
         kept = [it for it in iterations if it.get("status") == "keep" and it.get("commit")]
         if kept:
             best = kept[-1]
-            return Claim("loop", best["commit"], commit_states(root, best["commit"]), best)
+            return Claim("loop", best["commit"], commit_states(root, best["commit"]), best,
+                         tree=_commit_tree(root, best["commit"]))
         base = next((it for it in iterations if it.get("status") == "baseline"), iterations[0])
         commit = base.get("commit")
-        return Claim("loop", commit, commit_states(root, commit) if commit else [], base, no_go=True)
+        return Claim("loop", commit, commit_states(root, commit) if commit else [], base, no_go=True,
+                     tree=_commit_tree(root, commit) if commit else None)
     state = git.tree_state(root)
-    return Claim("tree", state["head"], [state])
+    return Claim("tree", state["head"], [state], tree=None if state["dirty"] else _commit_tree(root, state["head"]))
 
 
-def _candidate_state(record: dict) -> dict:
-    return {k: (record.get("candidate") or {}).get(k) for k in STATE_KEYS}
+def _commit_tree(root: Path, commit: str) -> str | None:
+    return (_git_out(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{tree}}") or b"").decode().strip() or None
 
 
-def pick_record(claim: Claim, records: list[dict]) -> tuple[dict | None, list[Refusal]]:
+def _candidate_state(record: RunRecord) -> dict:
+    c = record.candidate
+    return {"head": c.head or c.commit, "dirty": c.dirty, "diff_hash": c.diff_hash}
+
+
+def pick_record(claim: Claim, records: list[RunRecord]) -> tuple[RunRecord | None, list[Refusal]]:
     """The newest non-A/A record of the claim's tree state (a loop iteration's own record
     first); for a no-go, the newest record of the baseline, A/A allowed."""
-    def matches(r: dict) -> bool:
-        return any(same_state(_candidate_state(r), s) for s in claim.states)
+    def matches(r: RunRecord) -> bool:
+        return any(same_state(_candidate_state(r), s) for s in claim.states) or bool(
+            claim.tree and r.candidate.tree == claim.tree)
 
     if claim.no_go:
-        mine = [r for r in records if matches(r) or (r.get("aa") and (r.get("base") or {}).get("commit") == claim.commit)]
+        mine = [r for r in records if matches(r) or (r.aa and r.base.commit == claim.commit)]
         return (mine[-1] if mine else None), []
     it = claim.iteration or {}
     ref = (it.get("vs_base") or {}).get("record") or (it.get("vs_best") or {}).get("record")
     for r in records:
-        if ref and os.path.realpath(r["_path"]) in (os.path.realpath(ref), os.path.realpath(Path(ref) / "record.json")):
-            if not r.get("aa") and matches(r):
+        if ref and os.path.realpath(r.path) in (os.path.realpath(ref), os.path.realpath(Path(ref) / "record.json")):
+            if not r.aa and matches(r):
                 return r, []
-    mine = [r for r in records if not r.get("aa") and matches(r)]
+    mine = [r for r in records if not r.aa and matches(r)]
     if mine:
         return mine[-1], []
-    others = [r for r in records if not r.get("aa")]
+    others = [r for r in records if not r.aa]
     if not others:
         raise UsageError(f"no bench record under {claim.source == 'loop' and 'the loop' or 'profile/'}: nothing to report",
                          "run `flaloop verify OP` (gate, then the paired bench) first")
@@ -179,11 +193,11 @@ def pick_record(claim: Claim, records: list[dict]) -> tuple[dict | None, list[Re
     return newest, [Refusal(
         "commit_mismatch",
         f"no bench record of the claim's tree state {want} ({claim.source}); the newest record "
-        f"({Path(newest['_path']).parent.name}) measured {describe_state(_candidate_state(newest))}",
+        f"({Path(newest.path).parent.name}) measured {describe_state(_candidate_state(newest))}",
         "bench the state you claim: `flaloop verify OP` on that tree (or commit what you measured)")]
 
 
-def gate_evidence(record: dict, claim: Claim, last_gate: dict | None) -> tuple[dict | None, list[Refusal]]:
+def gate_evidence(record: RunRecord, claim: Claim, last_gate: dict | None) -> tuple[dict | None, list[Refusal]]:
     """The full green gate of the record's tree state, or the refusal that names why not.
 
     The newest evidence decides: `gate/last.json` when it was taken of the same tree state (a gate
@@ -193,10 +207,10 @@ def gate_evidence(record: dict, claim: Claim, last_gate: dict | None) -> tuple[d
     found: list[tuple[str, dict]] = []
     if last_gate and same_state(last_gate.get("tree"), state):
         found.append(("gate/last.json", last_gate))
-    if record.get("gate"):
-        found.append(("the gate run with this bench (verify, baseline or iter)", record["gate"]))
-    if record.get("last_gate"):  # the gate of this exact tree state that `flaloop bench` found
-        found.append(("bench record (last gate of this tree state)", record["last_gate"]))
+    if record.gate:
+        found.append(("the gate run with this bench (verify, baseline or iter)", record.gate))
+    if record.last_gate:  # the gate of this exact tree state that `flaloop bench` found
+        found.append(("bench record (last gate of this tree state)", record.last_gate))
     it = claim.iteration
     if it and it.get("gate") and any(same_state(state, s) for s in claim.states):
         found.append((f"iteration {it.get('iter')}", it["gate"]))
@@ -221,13 +235,13 @@ def _gate_summary(g: dict) -> dict:
             "findings": [f.get("message") if isinstance(f, dict) else str(f) for f in g.get("findings") or []]}
 
 
-def guard_evidence(record: dict, claim: Claim, contract: dict) -> tuple[dict, list[Refusal]]:
+def guard_evidence(record: RunRecord, claim: Claim, contract: dict) -> tuple[dict, list[Refusal]]:
     findings, blocked = [], False
-    for source, g in (("bench record", record.get("guard")), ("iteration", (claim.iteration or {}).get("guard"))):
+    for source, g in (("bench record", record.guard.to_dict()), ("iteration", (claim.iteration or {}).get("guard"))):
         if g:
             blocked = blocked or bool(g.get("blocked"))
             findings += [{**f, "source": source} for f in g.get("findings") or []]
-    out = {"ran": bool(record.get("guard") or (claim.iteration or {}).get("guard")), "blocked": blocked,
+    out = {"ran": True, "blocked": blocked,
            "findings": findings, "allowed": contract.get("allowed") or []}
     refusals = []
     blocking = [f for f in findings if f.get("blocking") or (f.get("severity") == "block" and not f.get("allowed"))]
@@ -240,27 +254,27 @@ def guard_evidence(record: dict, claim: Claim, contract: dict) -> tuple[dict, li
 
 # -- per-cell evidence ----------------------------------------------------------------------------
 
-def cell_rows(record: dict, ceilings: roofline.Ceilings | None, family: roofline.Family | None) -> list[dict]:
-    if any("roofline" not in c for c in record.get("cells") or []):
-        scratch = {"cells": json.loads(json.dumps(record.get("cells") or []))}
-        roofline.annotate(scratch, ceilings, family)  # arithmetic on stored numbers, no measuring
-        roofs = [c.get("roofline") for c in scratch["cells"]]
+def cell_rows(record: RunRecord, ceilings: roofline.Ceilings | None, family: roofline.Family | None) -> list[dict]:
+    if record.roofline is None:  # a record finished without a roofline: arithmetic on its stored numbers
+        scratch = RunRecord.from_dict(record.to_dict())
+        roofline.annotate(scratch, ceilings, family)
+        roofs = [c.roofline for c in scratch.cells]
     else:
-        roofs = [c.get("roofline") for c in record["cells"]]
+        roofs = [c.roofline for c in record.cells]
     rows = []
-    for cell, roof in zip(record.get("cells") or [], roofs, strict=True):
-        c, est, summ = cell.get("cell") or {}, cell.get("estimate") or {}, cell.get("summary") or {}
+    for cell, roof in zip(record.cells, roofs, strict=True):
+        c, est, summ = cell.cell, cell.estimate, cell.summary.to_dict()
         eager = summ.get("eager") or {}
         rows.append({
-            "id": c.get("id"), "shape_name": c.get("shape_name"), "shape": c.get("shape"), "mode": c.get("mode"),
-            "dtype": c.get("dtype"), "varlen": bool(c.get("seqlens")), "seqlens": c.get("seqlens"),
-            "status": cell.get("status"), "reason": cell.get("reason") or "", "timer": cell.get("timer"),
-            "verdict": cell.get("verdict"), "speedup": est.get("speedup"), "ci_low": est.get("ci_low"),
-            "ci_high": est.get("ci_high"), "n_pairs": est.get("n_pairs"),
+            "id": c.id, "shape_name": c.shape_name, "shape": c.shape, "mode": c.mode,
+            "dtype": c.dtype, "varlen": c.varlen, "seqlens": list(c.seqlens) if c.seqlens else None,
+            "status": cell.status, "reason": cell.reason, "timer": cell.timer,
+            "verdict": cell.verdict, "speedup": est.speedup if est else None, "ci_low": est.ci_low if est else None,
+            "ci_high": est.ci_high if est else None, "n_pairs": est.n_pairs if est else None,
             "device": {"base": summ.get("base"), "cand": summ.get("cand")},
             "eager": {"base": eager.get("base"), "cand": eager.get("cand")},
-            "launch_bound": cell.get("launch_bound"), "rounds_disagree": bool(cell.get("rounds_disagree")),
-            "roofline": roof,
+            "launch_bound": cell.launch_bound, "rounds_disagree": cell.rounds_disagree,
+            "roofline": asdict(roof) if roof else None,
         })
     return rows
 
@@ -285,7 +299,7 @@ def conclusion(geo: dict | None, rows: list[dict], claim: Claim, target: float |
     return {"kind": kind, "text": text}
 
 
-def risks(rows: list[dict], record: dict, env: dict, aa: dict | None, profile: dict | None,
+def risks(rows: list[dict], record: RunRecord, env: dict, aa: dict | None, profile: dict | None,
           refusals: list[Refusal]) -> list[str]:
     out = [f"{r.reason}: {r.message}" for r in refusals]
     lb = [r["id"] for r in rows if r["launch_bound"]]
@@ -330,13 +344,13 @@ def trajectory(iterations: list[dict]) -> list[dict]:
     return rows
 
 
-def _newest_aa(records: list[dict], base_commit: str) -> dict | None:
-    aas = [r for r in records if r.get("aa") and (r.get("base") or {}).get("commit") == base_commit]
+def _newest_aa(records: list[RunRecord], base_commit: str) -> dict | None:
+    aas = [r for r in records if r.aa and r.base.commit == base_commit]
     if not aas:
         return None
     r = aas[-1]
-    return {"record": r["_path"], "created": r.get("created"),
-            "geomean": (r.get("summary") or {}).get("geomean"), "command": r.get("command")}
+    return {"record": r.path, "created": r.created,
+            "geomean": asdict(r.summary.geomean) if r.summary.geomean else None, "command": r.command}
 
 
 def _tree_of(root: Path, state: dict) -> str | None:
@@ -346,10 +360,9 @@ def _tree_of(root: Path, state: dict) -> str | None:
     return (_git_out(root, "rev-parse", "--verify", "--quiet", f"{state['head']}^{{tree}}") or b"").decode().strip() or None
 
 
-def _profile_for(root: Path, profiles: list[dict], record: dict) -> dict | None:
-    """The newest profile of the record's tree state; else of the same code at another commit (a
-    loop's reverts leave HEAD on a new commit whose tree is the base's)."""
-    state = _candidate_state(record)
+def _profile_for(root: Path, profiles: list[dict], state: dict) -> dict | None:
+    """The newest profile of a record's candidate tree state; else of the same code at another commit
+    (a loop's reverts leave HEAD on a new commit whose tree is the base's)."""
     mine = [p for p in profiles if same_state((p.get("candidate") or {}), state)]
     if not mine and (code := _tree_of(root, state)):
         mine = [p for p in profiles if _tree_of(root, p.get("candidate") or {}) == code]
@@ -371,27 +384,27 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     if record is None:
         raise UsageError(f"no bench record of the baseline {str(claim.commit)[:12]} to report",
                          "run `flaloop bench OP` on the baseline")
-    env = dict(record.get("env") or {})
+    env = dict(record.env or {})
     if ceilings is None:
         ceilings = roofline.load_ceilings(env.get("device_uuid"))
     rows = cell_rows(record, ceilings, family)
-    summary = record.get("summary") or {}
-    geo = summary.get("geomean")
+    summary = record.summary
+    geo = asdict(summary.geomean) if summary.geomean else None
     last_gate = _read_json(ws / "gate" / "last.json")
     gate, gate_refusals = gate_evidence(record, claim, last_gate)
     guard, guard_refusals = guard_evidence(record, claim, contract)
     refusals += gate_refusals + guard_refusals
-    if summary.get("n_blocked"):
+    if summary.n_blocked:
         blocked = [r["id"] for r in rows if r["status"] == "blocked"]
         refusals.append(Refusal("correctness_blocked", f"base and candidate differ on {', '.join(blocked)}",
                                 "the candidate computes something else on the bench inputs: fix it"))
-    if record.get("aa") and not claim.no_go:  # a no-go stands on the baseline's A/A by design
+    if record.aa and not claim.no_go:  # a no-go stands on the baseline's A/A by design
         refusals.append(Refusal("commit_mismatch", "the only record of this state is an A/A self-check",
                                 "bench the candidate: `flaloop verify OP`"))
     env.setdefault("during", evidence.during_evidence(evidence.readings_of(record)))
     env.setdefault("idle", {"available": False, "reason": env.get("nvml") or "not recorded by this bench"})
-    aa = _newest_aa(records, (record.get("base") or {}).get("commit"))
-    profile = _profile_for(target.root, load_profiles(ws), record)
+    aa = _newest_aa(records, record.base.commit)
+    profile = _profile_for(target.root, load_profiles(ws), _candidate_state(record))
     concl = conclusion(geo, rows, claim, contract.get("target_speedup"))
     claim_ok = not (refusals and concl["kind"] in WIN)
     verdicts = [r["verdict"] for r in rows]
@@ -400,7 +413,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "claim": claim.to_dict(), "claim_ok": claim_ok, "conclusion": concl,
         "refused": [r.to_dict() for r in refusals] if not claim_ok else [],
-        "summary": {"geomean": geo, "n_cells": summary.get("n_cells"), "n_measured": summary.get("n_measured"),
+        "summary": {"geomean": geo, "n_cells": summary.n_cells, "n_measured": summary.n_measured,
                     **{f"n_{v.lower()}": verdicts.count(v) for v in ("FASTER", "SLOWER", "SAME", "UNSURE")},
                     "target_speedup": contract.get("target_speedup"),
                     "target_met": bool(geo and contract.get("target_speedup")
@@ -411,18 +424,18 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         "coverage": {"dense": [r["id"] for r in rows if not r["varlen"]], "varlen": [r["id"] for r in rows if r["varlen"]],
                      "modes": sorted({r["mode"] for r in rows if r["mode"]}),
                      "shapes": sorted({r["shape_name"] for r in rows if r["shape_name"]})},
-        "commands": {"bench": record.get("command") or "", "gate": f"flaloop gate {op}",
+        "commands": {"bench": record.command or "", "gate": f"flaloop gate {op}",
                      "aa": aa["command"] if aa else f"flaloop bench {op} --aa",
                      "profile": (profile or {}).get("command") or f"flaloop profile {op}",
                      "report": f"flaloop report {op}"},
-        "commits": {"base_ref": (record.get("base") or {}).get("ref"), "base_commit": (record.get("base") or {}).get("commit"),
+        "commits": {"base_ref": record.base.ref, "base_commit": record.base.commit,
                     "candidate": _candidate_state(record), "claim_commit": claim.commit},
         "environment": env, "aa": aa, "roofline": {"family": family.name if family else None,
                                                    "title": family.title if family else None,
                                                    "ceilings": ceilings.to_dict() if ceilings else None},
         "profile": profile, "guard": guard,
         "trajectory": trajectory(iterations), "opt_log": str(ws / "OPT_LOG.md") if (ws / "OPT_LOG.md").exists() else None,
-        "records": {"claim": record["_path"], "aa": aa["record"] if aa else None,
+        "records": {"claim": record.path, "aa": aa["record"] if aa else None,
                     "profile": profile["_path"] if profile else None},
     }
     # a report that claims no win lists its evidence gaps as risks instead of refusing

@@ -284,38 +284,41 @@ def ceilings_for(python: str, device_uuid: str | None, refresh: bool = False) ->
 
 # -- the record ---------------------------------------------------------------------------------
 
-def annotate(record: dict, ceilings: Ceilings | None, family: Family | None) -> None:
-    """Add `cell["roofline"]` to every cell of a bench record, and `record["roofline"]`.
+def annotate(record, ceilings: Ceilings | None, family: Family | None) -> None:
+    """Set every cell's `roofline` (bench/model.CellRoofline) of a run record (bench/record.RunRecord),
+    and `record.roofline`.
 
-    cell["roofline"] = {bytes, flops, floor_ms, pct_of_floor_base, pct_of_floor_cand, bound,
-    above_100}; None for a cell without a model. A cell above 100% of its floor ran faster than
+    A cell's roofline is its bytes, FLOPs, floor and each side's share of it, the bound, and
+    `above_100`; None for a cell without a model. A cell above 100% of its floor ran faster than
     the device can move its compulsory bytes: the guard's "implausible" signal.
     """
+    from flaloop.bench.model import CellRoofline
+
     if family is None:
-        record["roofline"] = {"family": None, "reason": "no roofline model for this op (docs/ROOFLINE.md)"}
-        for cell in record.get("cells", []):
-            cell["roofline"] = None
+        record.roofline = {"family": None, "reason": "no roofline model for this op (docs/ROOFLINE.md)"}
+        for cell in record.cells:
+            cell.roofline = None
         return
-    record["roofline"] = {"family": family.name, "title": family.title, "chunk": CHUNK,
-                          "ceilings": ceilings.to_dict() if ceilings else None, "model": "docs/ROOFLINE.md"}
+    record.roofline = {"family": family.name, "title": family.title, "chunk": CHUNK,
+                       "ceilings": ceilings.to_dict() if ceilings else None, "model": "docs/ROOFLINE.md"}
     flagged = []
-    for cell in record.get("cells", []):
-        c = cell.get("cell") or {}
+    for cell in record.cells:
+        c = cell.cell
         try:
-            cost = cell_cost(family, c["shape"], c["mode"], c.get("dtype") or "bfloat16", c.get("seqlens"))
+            cost = cell_cost(family, c.shape, c.mode, c.dtype or "bfloat16", list(c.seqlens) if c.seqlens else None)
         except (KeyError, UsageError, TypeError, ValueError):
-            cell["roofline"] = None
+            cell.roofline = None
             continue
-        roof: dict = {"bytes": cost.bytes, "flops": cost.flops, "floor_ms": None, "pct_of_floor_base": None,
-                      "pct_of_floor_cand": None, "bound": None, "above_100": False}
+        roof = CellRoofline(bytes=cost.bytes, flops=cost.flops)
         if ceilings is not None:
             floor, bound = ceilings.floor_ms(cost.bytes, cost.flops)
-            summ = cell.get("summary") or {}
-            pct = {side: (100.0 * floor / summ[side]["median"]
-                          if (summ.get(side) or {}).get("median") else None) for side in ("base", "cand")}
-            roof.update(floor_ms=floor, bound=bound, pct_of_floor_base=pct["base"], pct_of_floor_cand=pct["cand"],
-                        above_100=any(p is not None and p > 100.0 for p in pct.values()))
-            if roof["above_100"]:
-                flagged.append(c.get("id"))
-        cell["roofline"] = roof
-    record["roofline"]["above_100"] = flagged
+            pct = {side: (100.0 * floor / getattr(cell.summary, side).median
+                          if getattr(cell.summary, side) is not None and getattr(cell.summary, side).median else None)
+                   for side in ("base", "cand")}
+            roof.floor_ms, roof.bound = floor, bound
+            roof.pct_of_floor_base, roof.pct_of_floor_cand = pct["base"], pct["cand"]
+            roof.above_100 = any(p is not None and p > 100.0 for p in pct.values())
+            if roof.above_100:
+                flagged.append(c.id)
+        cell.roofline = roof
+    record.roofline["above_100"] = flagged

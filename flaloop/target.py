@@ -162,6 +162,11 @@ class Target:
     def workspace(self, op: str) -> Path:
         return self.root / "profile" / f"{op}-opt"
 
+    def tree(self, root: Path, home: Path | None = None) -> TreeTarget:
+        """Another checkout of this target (a worktree of the base, a sweep's candidate) whose
+        workspace stays in this checkout (or in `home`, where the measurement runs elsewhere)."""
+        return TreeTarget(root=Path(root), python=self.python, config=self.config, home=home or self.root)
+
     def extra_strip_env(self) -> list[str]:
         return list(self.config.get("gate", {}).get("strip_env", []))
 
@@ -291,3 +296,13 @@ class Target:
 
     def shape_configs(self, spec: OpSpec) -> dict[str, dict]:
         return spec.registry.get("default_shapes") or self.registry().get("shape_configs", {})
+
+
+@dataclass
+class TreeTarget(Target):
+    """A checkout of the target other than the user's: its files are `root`'s, its workspace `home`'s."""
+
+    home: Path | None = None
+
+    def workspace(self, op: str) -> Path:
+        return (self.home or self.root) / "profile" / f"{op}-opt"

@@ -65,9 +65,15 @@ def test_base_runs_base_code_and_a_wrong_candidate_is_blocked(toy):
     r, rec = bench(toy)
     assert r.code == 1, r.stderr
     hello = rec["workers"]
-    assert hello["cand"]["op_module_file"].startswith(str(toy))
+    # the candidate is the working tree snapshotted into a commit, checked out like the base: the
+    # bench never measures the directory the user goes on editing
+    assert "flaloop-wt-" in hello["cand"]["op_module_file"] and not hello["cand"]["op_module_file"].startswith(str(toy))
     assert "flaloop-wt-" in hello["base"]["op_module_file"]
     assert rec["candidate"]["dirty"] is True and rec["candidate"]["diff_hash"]
+    snap = rec["candidate"]["commit"]
+    assert snap != rec["candidate"]["head"]
+    assert "(o * 1.5)" in subprocess.run(["git", "show", f"{snap}:{FAST}"], cwd=toy, capture_output=True,
+                                         text=True, check=True).stdout
     for cell in rec["cells"]:
         assert cell["status"] == "blocked" and "differs from base" in cell["reason"]
         assert cell["pairs"] == []
@@ -90,7 +96,7 @@ def test_inputs_outside_the_domain_are_refused_and_an_override_fixes_them(toy):
     assert cell["status"] == "refused" and "outside the op's domain" in cell["reason"]
     r, rec = bench(toy, "--modes", "fwd", "--input", "q=sigmoid", op="toy_log")
     assert r.code == 0, r.stderr
-    assert rec["cells"][0]["status"] == "ok" and rec["config"]["overrides"] == {"q": "sigmoid"}
+    assert rec["cells"][0]["status"] == "ok" and rec["config"]["inputs"] == {"q": "sigmoid"}
 
 
 def test_crashed_worker_leaves_a_readable_report(toy):
@@ -194,20 +200,19 @@ def test_a_cell_that_fails_on_one_side_shows_as_failed_and_the_rest_is_measured(
 
 def test_pairs_below_the_clock_floor_or_throttled_are_dropped():
     from flaloop.bench.model import BenchConfig
-    from flaloop.bench.session import Session
+    from flaloop.bench.sampling import drop_reason
     from flaloop.evidence import ClockReading
 
-    s = Session(root=Path("."), python=sys.executable, op="x", registry_rel="r.py", base_commit="0" * 40,
-                cells=[], config=BenchConfig(), run_dir=Path("."))
+    cfg = BenchConfig()
     full = ClockReading(1980, 1980, 3201, 0, 40, 300.0)
     slow = ClockReading(1300, 1980, 3201, 0, 40, 300.0)
     hot = ClockReading(1980, 1980, 3201, 0x20, 85, 700.0)  # SW thermal slowdown
     idle_bit = ClockReading(1980, 1980, 3201, 0x1, 40, 300.0)  # "GPU idle" is not a throttle
-    assert s._drop_reason(full, full) is None
-    assert s._drop_reason(idle_bit, full) is None
-    assert "SM clock 1300 MHz" in s._drop_reason(full, slow)
-    assert "throttled" in s._drop_reason(hot, full)
-    assert s._drop_reason(None, None) is None  # CPU: no clock evidence, nothing dropped
+    assert drop_reason(cfg, full, full) is None
+    assert drop_reason(cfg, idle_bit, full) is None
+    assert "SM clock 1300 MHz" in drop_reason(cfg, full, slow)
+    assert "throttled" in drop_reason(cfg, hot, full)
+    assert drop_reason(cfg, None, None) is None  # CPU: no clock evidence, nothing dropped
 
 
 def test_an_op_imported_from_outside_its_tree_is_refused(toy, tmp_path):

@@ -109,7 +109,10 @@ def test_a_lean_run_whose_every_cell_is_blocked_in_the_warm_up_still_checks_the_
     assert r.code == 1, r.stderr[-2000:]
     rec = r.json
     assert {c["verdict"] for c in rec["cells"]} == {"BLOCKED"} and rec["rounds"] == []
-    assert rec["workers"]["cand"]["op_module_file"].startswith(str(toy))
+    # the warm-up pair's word on where the op came from: the candidate's own checkout (a worktree of
+    # the snapshotted working tree), not the base's
+    cand_file = rec["workers"]["cand"]["op_module_file"]
+    assert "/cand/" in cand_file and cand_file != rec["workers"]["base"]["op_module_file"]
     assert rec["lean_check"]["differs"] == [] and set(rec["lean_check"]["reference_pids"]) == {"base", "cand"}
 
 

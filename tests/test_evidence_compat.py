@@ -72,8 +72,13 @@ def test_during_evidence_summarises_the_pairs_readings():
     assert ev["n_readings"] == 3 and ev["n_throttled"] == 1 and ev["n_below_floor"] == 1
     assert ev["throttle_reasons"] == ["hw_thermal_slowdown"]
     assert ev["temperature_c"]["max"] == 85 and ev["power_w"]["max"] == 690.0
-    record = {"cells": [{"pairs": [{"clock_before": rs[0], "clock_after": rs[1]}, {"clock_before": None,
-                                                                                 "clock_after": rs[3]}]}]}
+    from flaloop.bench.record import RunRecord
+
+    pair = {"order": "AB", "base_ms": 1.0, "cand_ms": 1.0}
+    record = RunRecord.from_dict({"op": "op", "created": "", "base": {"commit": "b" * 40}, "cells": [
+        {"cell": {"shape_name": "S", "shape": {}, "mode": "fwd"},
+         "pairs": [{**pair, "clock_before": rs[0], "clock_after": rs[1]},
+                   {**pair, "clock_before": None, "clock_after": rs[3]}]}]})
     assert len(evidence.readings_of(record)) == 3
 
 

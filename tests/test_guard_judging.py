@@ -103,8 +103,8 @@ def test_one_near_zero_cell_cannot_hide_in_the_geomean():
         r.pairs = [Pair("AB" if j % 2 == 0 else "BA", 1.0, ratio * (1 + 0.001 * (j % 3)), None, None)
                    for j in range(12)]
         results.append(r)
-    results[3].findings = [judge.implausible("S3/fwd", 0.01, 0.5).to_dict()]
-    summary = analyse(results, margin=0.005)
+    results[3].findings = [judge.implausible("S3/fwd", 0.01, 0.5)]
+    summary = analyse(results, margin=0.005).to_dict()
     geo = summary["geomean"]
     assert geo["speedup"] > 3 and math.isclose(geo["without_best_cell"], 1.0, rel_tol=0.01)
     assert geo["best_cell_id"] == "S3/fwd"

@@ -3,12 +3,16 @@ dispatch condition language, and the markdown documents that round-trip and keep
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from flaloop.bench.record import RunRecord
 from flaloop.errors import UsageError
 from flaloop.loop import records, rules, traps
 from flaloop.loop.condition import Condition, bucket
 from flaloop.loop.store import Decision, DispatchRow, Iteration, Workspace
+from flaloop.stats import summarize
 
 GREEN = {"green": True, "signal_only": False, "counts": {"passed": 2, "selected": 2}, "reasons": []}
 RED = {"green": False, "signal_only": False, "counts": {"passed": 1, "selected": 2},
@@ -16,23 +20,27 @@ RED = {"green": False, "signal_only": False, "counts": {"passed": 1, "selected":
 
 
 def bench_record(cells: list[tuple[str, str, float, float]], geo: tuple[float, float, float] | None = None,
-                 *, guard: dict | None = None, errors: list[str] | None = None, base: str = "b" * 40) -> dict:
+                 *, guard: dict | None = None, errors: list[str] | None = None, base: str = "b" * 40) -> RunRecord:
     """A run record as bench() writes it: cells of (id, verdict, ci_low, ci_high)."""
     out = []
     for cid, verdict, lo, hi in cells:
         shape, mode = cid.split("/")
         measured = verdict in rules.MEASURED
-        out.append({"cell": {"id": cid, "shape_name": shape, "mode": mode}, "verdict": verdict,
+        sp = (lo * hi) ** 0.5
+        out.append({"cell": {"id": cid, "shape_name": shape, "shape": {}, "mode": mode}, "verdict": verdict,
                     "reason": "" if measured else f"{verdict.lower()} here",
-                    "estimate": {"speedup": (lo * hi) ** 0.5, "ci_low": lo, "ci_high": hi} if measured else None,
-                    "summary": {"base": {"median": 2.0}, "cand": {"median": 1.0}} if measured else {}})
-    rec = {"base": {"commit": base}, "config": {"margin": 0.005}, "cells": out, "errors": errors or [],
+                    "estimate": {"speedup": sp, "ci_low": lo, "ci_high": hi, "log_ratio": -math.log(sp),
+                                 "half_width": 0.001, "n_pairs": 16, "method": "hl+bca"} if measured else None,
+                    "summary": {"base": summarize([2.0]).to_dict(), "cand": summarize([1.0]).to_dict()}
+                    if measured else {}})
+    rec = {"op": "op", "created": "", "base": {"commit": base}, "candidate": {"commit": "c" * 40},
+           "config": {"margin": 0.005}, "cells": out, "errors": errors or [],
            "summary": {"geomean": None if geo is None else {
                "speedup": geo[0], "ci_low": geo[1], "ci_high": geo[2], "worst_cell_id": cells[0][0],
-               "worst_speedup": geo[0]}}}
+               "worst_speedup": geo[0], "worst_cell": 0, "n_regressions": 0, "n_cells": len(cells)}}}
     if guard is not None:
         rec["guard"] = guard
-    return rec
+    return RunRecord.from_dict(rec)
 
 
 def status_of(cells, geo, *, gate=GREEN, guard_blocked=False, signal=False, **kw) -> str:

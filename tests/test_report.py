@@ -351,7 +351,7 @@ def test_a_profile_of_the_same_code_at_another_commit_explains_the_record(tmp_pa
     record = {"candidate": {"head": base, "dirty": False, "diff_hash": None}}
     other = {"candidate": {"head": tried, "dirty": False, "diff_hash": None}, "created": "1"}
     same_code = {"candidate": {"head": reverted, "dirty": False, "diff_hash": None}, "created": "2"}
-    assert _profile_for(repo, [other], record) is None
-    assert _profile_for(repo, [same_code, other], record) is same_code
+    assert _profile_for(repo, [other], record["candidate"]) is None
+    assert _profile_for(repo, [same_code, other], record["candidate"]) is same_code
     dirty = {"candidate": {"head": reverted, "dirty": True, "diff_hash": "abc"}}
-    assert _profile_for(repo, [dirty], record) is None
+    assert _profile_for(repo, [dirty], record["candidate"]) is None

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from flaloop import roofline
+from flaloop import roofline, stats
 from flaloop.roofline import FAMILIES, Ceilings, annotate, cell_cost, family_for
 
 BF16 = 2
@@ -161,18 +161,33 @@ def test_ceilings_are_measured_once_then_read_from_the_cache(tmp_path, monkeypat
     assert roofline.cache_path("GPU-ab/12").name == "ceilings-GPU-ab_12.json"
 
 
-def _record(base_ms: float, cand_ms: float) -> dict:
+class _Annotated:
+    """A typed run record made from a plain one; `annotate` works on it, the assertions read its JSON."""
+
+    def __init__(self, d: dict):
+        from flaloop.bench.record import RunRecord
+
+        self.rec = RunRecord.from_dict({"op": "op", "created": "", "base": {"commit": "b" * 40},
+                                        "candidate": {"commit": "c" * 40}, **d})
+
+    def __getitem__(self, key):
+        return self.rec.to_dict()[key]
+
+
+def _record(base_ms: float, cand_ms: float) -> _Annotated:
     summ = {"base": {"median": base_ms}, "cand": {"median": cand_ms}}
-    cell = {"id": "B8_T1024_H8_D64/fwd", "shape": shape(8, 1024, 8, 64), "mode": "fwd", "dtype": "bfloat16",
-            "seqlens": None}
-    return {"cells": [{"cell": cell, "status": "ok", "summary": summ},
-                      {"cell": {**cell, "id": "x/fwd"}, "status": "failed", "summary": {}}]}
+    summ = {side: {**stats.summarize([1.0]).to_dict(), **v} for side, v in summ.items()}
+    cell = {"id": "B8_T1024_H8_D64/fwd", "shape_name": "B8_T1024_H8_D64", "shape": shape(8, 1024, 8, 64),
+            "mode": "fwd", "dtype": "bfloat16", "seqlens": None}
+    return _Annotated({"cells": [{"cell": cell, "status": "ok", "summary": summ},
+                                 {"cell": {**cell, "id": "x/fwd", "shape_name": "x"}, "status": "failed",
+                                  "summary": {}}]})
 
 
 def test_annotate_adds_floor_percent_and_flags_above_100():
     ceil = Ceilings("cuda", "H200", "GPU-1", bandwidth_gbs=4300.0, peak_tflops=790.0, gemm_dtype="bfloat16")
     rec = _record(0.09, 0.05)
-    annotate(rec, ceil, FAMILIES["delta"])
+    annotate(rec.rec, ceil, FAMILIES["delta"])
     r = rec["cells"][0]["roofline"]
     assert r["bytes"] == 33_685_504 and r["flops"] == 2_952_790_016
     assert r["bound"] == "memory"
@@ -184,20 +199,20 @@ def test_annotate_adds_floor_percent_and_flags_above_100():
     assert rec["roofline"]["family"] == "delta" and rec["roofline"]["above_100"] == []
     # a candidate faster than the floor is flagged, never celebrated
     rec = _record(0.09, 0.005)
-    annotate(rec, ceil, FAMILIES["delta"])
+    annotate(rec.rec, ceil, FAMILIES["delta"])
     assert rec["cells"][0]["roofline"]["above_100"] is True
     assert rec["roofline"]["above_100"] == ["B8_T1024_H8_D64/fwd"]
     # compute-bound when the peak is low
     rec = _record(0.09, 0.08)
-    annotate(rec, Ceilings("cuda", "slow", None, 4300.0, 1.0, "bfloat16"), FAMILIES["delta"])
+    annotate(rec.rec, Ceilings("cuda", "slow", None, 4300.0, 1.0, "bfloat16"), FAMILIES["delta"])
     assert rec["cells"][0]["roofline"]["bound"] == "compute"
 
 
 def test_annotate_without_a_model_or_ceilings():
     rec = _record(0.09, 0.05)
-    annotate(rec, None, None)
+    annotate(rec.rec, None, None)
     assert rec["roofline"]["family"] is None and rec["cells"][0]["roofline"] is None
     rec = _record(0.09, 0.05)
-    annotate(rec, None, FAMILIES["linear"])
+    annotate(rec.rec, None, FAMILIES["linear"])
     r = rec["cells"][0]["roofline"]
     assert r["bytes"] > 0 and r["floor_ms"] is None and r["above_100"] is False

@@ -88,11 +88,11 @@ def test_rounds_that_disagree_are_flagged_and_rounds_that_agree_are_not():
     noise = [1.0, 1.001, 0.999, 1.0005, 0.9995, 1.0, 1.0002, 0.9998]
     agree = _result([[0.9 * x for x in noise], [0.9 * x for x in reversed(noise)]])
     rounds, disagree = session_mod.round_estimates(agree)
-    assert not disagree and [r["round"] for r in rounds] == [1, 2]
-    assert all(abs(r["speedup"] - 1 / 0.9) < 0.01 for r in rounds)
+    assert not disagree and [r.round for r in rounds] == [1, 2]
+    assert all(abs(r.speedup - 1 / 0.9) < 0.01 for r in rounds)
     split = _result([[0.99 * x for x in noise], [1.01 * x for x in noise]])
     rounds, disagree = session_mod.round_estimates(split)
-    assert disagree and rounds[0]["speedup"] > 1 > rounds[1]["speedup"]
+    assert disagree and rounds[0].speedup > 1 > rounds[1].speedup
     assert session_mod.round_estimates(_result([noise])) == ([], False)
 
 

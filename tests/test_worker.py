@@ -171,9 +171,12 @@ def fork_server(env: dict):
 
 
 class Forked:
-    """A forked worker (flaloop.bench.workers.ForkedProc) as much like a Popen as these tests use."""
+    """A forked worker (flaloop.bench.launcher.ForkedProc) as much like a Popen as these tests use."""
 
-    def __init__(self, proc):
+    def __init__(self, server, forked):
+        from flaloop.bench.launcher import ForkedProc
+
+        proc = ForkedProc(server, *forked)
         self.proc, self.pid, self.stdin, self.stdout = proc, proc.pid, proc.stdin, proc.stdout
 
     @property
@@ -207,7 +210,8 @@ class Driver:
             args += ['--workdir', str(workdir)]
         env = dict(os.environ, OMP_NUM_THREADS='1')
         if forked:
-            self.p = Forked(fork_server(env).spawn(args, tree, env, self.err))
+            server = fork_server(env)
+            self.p = Forked(server, server.spawn(args, tree, env, self.err))
         else:
             self.p = subprocess.Popen([sys.executable, '-u', str(WORKER), *args], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self.err, text=True, bufsize=1, env=env)
@@ -265,7 +269,7 @@ class Driver:
 
 def cell(cid='c', mode='fwd', dtype='float32', seed=0, shape=None, **kw) -> dict:
     c = {'id': cid, 'shape': shape or {'B': 2, 'T': 8, 'H': 2, 'D': 4}, 'mode': mode, 'dtype': dtype,
-         'seed': seed, 'overrides': {}, 'seqlens': None, 'k': None, 'timer': 'auto', 'min_sample_ms': 0.2}
+         'seed': seed, 'inputs': {}, 'seqlens': None, 'k': None, 'timer': 'auto', 'sample_ms': 0.2}
     c.update(kw)
     return c
 
@@ -410,8 +414,8 @@ def test_sample_and_eager_times(workers):
     assert len(e['host_ms']) == 3 and len(e['wall_ms']) == 3
     assert all(h > 0 and w >= h for h, w in zip(e["host_ms"], e["wall_ms"], strict=True))
     assert base.ok('sample', cell='t')['times_ms'][0] > 0  # n defaults to 1
-    # calibration: k chosen from min_sample_ms, capped at 256
-    r = base.ok('setup', cell=cell('cal', min_sample_ms=1e6))
+    # calibration: k chosen from sample_ms, capped at 256
+    r = base.ok('setup', cell=cell('cal', sample_ms=1e6))
     assert r['k'] == 256
     assert base.ok('release', cell='cal')['released'] is True
     assert base.req('sample', cell='cal')['ok'] is False
@@ -430,12 +434,12 @@ def test_set0_independent_of_n_sets_and_nonzero(workers, tmp_path):
 
 def test_l2norm_override_gives_unit_rows(workers, tmp_path):
     ident = workers('base', 'toy_ident')
-    ident.ok('setup', cell=cell('l2', overrides={'x': 'l2norm'}, shape={'B': 1, 'T': 6, 'H': 3, 'D': 16}))
+    ident.ok('setup', cell=cell('l2', inputs={'x': 'l2norm'}, shape={'B': 1, 'T': 6, 'H': 3, 'D': 16}))
     ident.ok('dump', cell='l2', path=str(tmp_path / 'l2.pt'))
     x = torch.load(tmp_path / 'l2.pt')['out0']
     assert x.shape == (1, 6, 3, 16)
     torch.testing.assert_close(x.norm(dim=-1), torch.ones(1, 6, 3), rtol=1e-5, atol=1e-5)
-    ident.ok('setup', cell=cell('sig', overrides={'x': 'sigmoid'}))
+    ident.ok('setup', cell=cell('sig', inputs={'x': 'sigmoid'}))
     ident.ok('dump', cell='sig', path=str(tmp_path / 'sig.pt'))
     x = torch.load(tmp_path / 'sig.pt')['out0']
     assert ((x > 0) & (x < 1)).all()
@@ -525,11 +529,11 @@ def test_the_collector_is_off_inside_a_timed_window_and_back_after_it():
 
 def test_errors_keep_the_worker_answering(workers):
     base = workers('base')
-    r = base.req('setup', cell=cell('bad', overrides={'q': 'cube'}))
+    r = base.req('setup', cell=cell('bad', inputs={'q': 'cube'}))
     assert r['ok'] is False and 'l2norm' in r['error'] and r['traceback']
     r = base.req('frobnicate')
     assert r['ok'] is False and 'frobnicate' in r['error']
-    r = base.req('setup', cell=cell('bad', overrides={'nope': 'identity'}))
+    r = base.req('setup', cell=cell('bad', inputs={'nope': 'identity'}))
     assert r['ok'] is False
     r = base.req('setup', cell=cell('bad', dtype='float64'))
     assert r['ok'] is False
@@ -649,7 +653,7 @@ def test_gpu_graph_timer_and_proof(tmp_path):
             assert 1 <= r['n_sets'] <= 4 and 1 <= r['k'] <= 256 and r['per_call_ms_estimate'] > 0
             t = w.ok('sample', cell=mode, n=3)['times_ms']
             assert all(x > 0 for x in t)
-            # k was calibrated on graph replays (device time), so a sample lasts about min_sample_ms
+            # k was calibrated on graph replays (device time), so a sample lasts about sample_ms
             assert r['k'] == 256 or r['k'] * min(t) >= 0.3 * 0.2, (r, t)
             e = w.ok('eager', cell=mode, n=2)
             assert all(0 < h <= wl for h, wl in zip(e["host_ms"], e["wall_ms"], strict=True))

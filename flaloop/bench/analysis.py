@@ -13,8 +13,10 @@ import math
 import numpy as np
 
 from flaloop import stats
-from flaloop.bench.model import CellResult
+from flaloop.bench.model import CellResult, CellSummary, RoundEstimate
+from flaloop.bench.record import GeomeanSummary, RunSummary
 from flaloop.guard import dynamic
+from flaloop.guard.findings import Finding
 
 
 def tuning_differences(base: dict, cand: dict) -> list[str]:
@@ -31,7 +33,7 @@ def tuning_differences(base: dict, cand: dict) -> list[str]:
     return out
 
 
-def round_estimates(res: CellResult, seed: int = 0) -> tuple[list[dict], bool]:
+def round_estimates(res: CellResult, seed: int = 0) -> tuple[list[RoundEstimate], bool]:
     """Each round's own speedup estimate and CI, and whether two rounds' CIs fail to overlap.
 
     Rounds run in fresh processes with the start order swapped, so a speedup that belongs to the
@@ -49,14 +51,13 @@ def round_estimates(res: CellResult, seed: int = 0) -> tuple[list[dict], bool]:
         if len(lr) < 2:
             continue
         est = stats.estimate_speedup(lr, seed=seed)
-        out.append({"round": rnd + 1, "n_pairs": len(lr), "speedup": est.speedup,
-                    "ci_low": est.ci_low, "ci_high": est.ci_high})
-    disagree = any(a["ci_high"] < b["ci_low"] or b["ci_high"] < a["ci_low"]
-                   for i, a in enumerate(out) for b in out[i + 1:])
+        out.append(RoundEstimate(round=rnd + 1, n_pairs=len(lr), speedup=est.speedup, ci_low=est.ci_low,
+                                 ci_high=est.ci_high))
+    disagree = any(a.ci_high < b.ci_low or b.ci_high < a.ci_low for i, a in enumerate(out) for b in out[i + 1:])
     return out, disagree
 
 
-def split_direction(rounds: list[dict], verdict: stats.Verdict, margin: float) -> bool:
+def split_direction(rounds: list[RoundEstimate], verdict: stats.Verdict, margin: float) -> bool:
     """True when a FASTER or SLOWER verdict is not borne out by every round's own estimate.
 
     On the H200 the process that started and set up first ran a cell ~0.55% slower (A/A of
@@ -69,8 +70,8 @@ def split_direction(rounds: list[dict], verdict: stats.Verdict, margin: float) -
         return False
     m = math.log1p(margin)
     if verdict is stats.Verdict.FASTER:
-        return not all(math.log(r["speedup"]) > m for r in rounds)
-    return not all(math.log(r["speedup"]) < -m for r in rounds)
+        return not all(math.log(r.speedup) > m for r in rounds)
+    return not all(math.log(r.speedup) < -m for r in rounds)
 
 
 def settled(est: stats.SpeedupEstimate | None, margin: float, band: float) -> str | None:
@@ -88,14 +89,14 @@ def settled(est: stats.SpeedupEstimate | None, margin: float, band: float) -> st
 
 def _judge_timing(r: CellResult) -> None:
     for f in (dynamic.timer_wall_gap(r.cell.id, r.pairs, r.k, r.timer),
-              dynamic.eager_disagrees(r.cell.id, (r.estimate or {}).get("speedup"),
-                                           r.summary.get("eager") or {}, r.summary.get("host") or {})):
+              dynamic.eager_disagrees(r.cell.id, r.estimate.speedup if r.estimate else None,
+                                      r.summary.to_dict().get("eager") or {}, r.summary.to_dict().get("host") or {})):
         if f is not None:
-            r.findings.append(f.to_dict())
+            r.findings.append(f)
 
 
 def analyse(results: list[CellResult], margin: float, seed: int = 0, aa: bool = False,
-            run_blocked: list[dict] | None = None) -> dict:
+            run_blocked: list[Finding] | None = None) -> RunSummary:
     """Estimates, verdicts and the geomean; blocking findings (the cell's own, or the run's:
     `run_blocked`) turn a cell's verdict into BLOCKED, whatever it measured."""
     measured = [r for r in results if r.status == "ok"]
@@ -107,40 +108,40 @@ def analyse(results: list[CellResult], margin: float, seed: int = 0, aa: bool = 
             continue
         verdicts[i] = stats.Verdict.UNSURE
         r.reason = (r.reason + "; " if r.reason else "") + (
-            "rounds disagree on the direction (" + ", ".join(f"{x['speedup']:.4f}x" for x in r.rounds)
+            "rounds disagree on the direction (" + ", ".join(f"{x.speedup:.4f}x" for x in r.rounds)
             + "): not a verdict")
     for r, lr, v in zip(measured, ratios, verdicts, strict=True):
-        r.estimate = stats.estimate_speedup(lr, seed=seed).to_dict()
+        r.estimate = stats.estimate_speedup(lr, seed=seed)
         r.verdict = v.value
-        r.summary = {side: stats.summarize([getattr(p, f"{side}_ms") for p in r.kept]).to_dict()
-                     for side in ("base", "cand")}
+        r.summary = CellSummary(base=stats.summarize([p.base_ms for p in r.kept]),
+                                cand=stats.summarize([p.cand_ms for p in r.kept]))
         host = r.eager.get("base", {}).get("host_ms")
         if host and r.eager.get("cand", {}).get("host_ms"):
-            r.summary["eager"] = {s: stats.summarize(e["wall_ms"]).to_dict() for s, e in r.eager.items()}
-            r.summary["host"] = {s: stats.summarize(e["host_ms"]).to_dict() for s, e in r.eager.items()}
-            r.launch_bound = float(np.median(host)) > r.summary["base"]["median"]
+            r.summary.eager = {s: stats.summarize(e["wall_ms"]) for s, e in r.eager.items()}
+            r.summary.host = {s: stats.summarize(e["host_ms"]) for s, e in r.eager.items()}
+            r.launch_bound = float(np.median(host)) > r.summary.base.median
         if not aa:
             _judge_timing(r)
     for r in results:
-        blocking = [f for f in r.findings if f.get("blocking")] + list(run_blocked or [])
+        blocking = [f for f in r.findings if f.blocking] + list(run_blocked or [])
         if r.status == "ok" and blocking:
             was = r.verdict
             r.verdict = "BLOCKED"
-            rules = sorted({f["rule"] for f in blocking})
+            rules = sorted({f.rule for f in blocking})
             r.reason = (r.reason + "; " if r.reason else "") + f"guard: {', '.join(rules)} (measured {was})"
         elif r.status != "ok":
             r.verdict = r.status.upper()
-    geo = stats.geomean(ratios, verdicts=verdicts, seed=seed).to_dict() if measured else None
-    if geo is not None and geo.get("worst_cell") is not None:
-        geo["worst_cell_id"] = measured[geo["worst_cell"]].cell.id
+    geo = GeomeanSummary(**stats.geomean(ratios, verdicts=verdicts, seed=seed).to_dict()) if measured else None
+    if geo is not None:
+        geo.worst_cell_id = measured[geo.worst_cell].cell.id
     if geo is not None and len(measured) > 2:
         # leave-one-out: how much the geomean leans on its single best cell (a near-zero cell
         # collapsing the geomean is a known way to fake a win)
-        thetas = [-math.log(r.estimate["speedup"]) for r in measured]
+        thetas = [-math.log(r.estimate.speedup) for r in measured]
         best = int(np.argmin(thetas))
-        geo["without_best_cell"] = math.exp(-float(np.mean([t for i, t in enumerate(thetas) if i != best])))
-        geo["best_cell_id"] = measured[best].cell.id
-    return {"geomean": geo, "n_cells": len(results), "n_measured": len(measured),
-            "n_blocked": sum(r.verdict == "BLOCKED" for r in results),
-            "n_refused": sum(r.status == "refused" for r in results),
-            "n_failed": sum(r.status == "failed" for r in results)}
+        geo.without_best_cell = math.exp(-float(np.mean([t for i, t in enumerate(thetas) if i != best])))
+        geo.best_cell_id = measured[best].cell.id
+    return RunSummary(geomean=geo, n_cells=len(results), n_measured=len(measured),
+                      n_blocked=sum(r.verdict == "BLOCKED" for r in results),
+                      n_refused=sum(r.status == "refused" for r in results),
+                      n_failed=sum(r.status == "failed" for r in results))

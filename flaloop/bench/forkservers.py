@@ -159,10 +159,9 @@ class ForkServer:
                 self.close()  # a late reply must never answer the next request
                 raise
 
-    def spawn(self, argv: list[str], cwd: Path, env: dict, log):
-        """A forked worker with exactly `env` as its environment, watching this flaloop process."""
-        from flaloop.bench.workers import ForkedProc
-
+    def spawn(self, argv: list[str], cwd: Path, env: dict, log) -> tuple[int, object, object]:
+        """Fork a worker with exactly `env` as its environment, watching this flaloop process: its
+        pid and the two ends of its pipes (bench/launcher.ForkedProc watches it)."""
         env = {**env, "FLALOOP_LIFELINE": "1", "FLALOOP_LIFELINE_PID": str(os.getpid())}
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -180,7 +179,7 @@ class ForkServer:
             os.close(in_w)
             os.close(out_r)
             raise RuntimeError(f"the fork server could not fork: {reply.get('error')}")
-        return ForkedProc(self, reply["pid"], os.fdopen(in_w, "w", buffering=1), os.fdopen(out_r, "r"))
+        return reply["pid"], os.fdopen(in_w, "w", buffering=1), os.fdopen(out_r, "r")
 
     def returncode(self, pid: int) -> int | None:
         try:

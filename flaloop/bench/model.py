@@ -1,81 +1,184 @@
 """The bench's data model: what to measure (`BenchConfig`, `Cell`) and what was measured (`Pair`,
-`CellResult`). Plain dataclasses that serialise into the run record."""
+`CellResult` and its parts). Plain dataclasses; each reads back from its JSON with `from_dict`.
+
+`BenchConfig` is the one place a bench option is declared: its default, its help text and how the
+command line spells it (`opt`). The CLI's options are generated from these fields (cli/options.py)
+and the worker receives the same names, so an option has one name and one default everywhere.
+"""
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
 from flaloop.errors import UsageError
+from flaloop.guard.findings import Finding
+from flaloop.stats import SpeedupEstimate, Summary
 
 MODES = ("fwd", "fwdbwd")
+DTYPES = ("bfloat16", "float16", "float32")
+DEVICES = ("auto", "cuda", "cpu")
+IMPORT_MODES = ("full", "lean")
+
+
+def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, cli: bool = True,  # noqa: A002
+        flags: tuple[str, ...] = (), unit: str = "", choices: tuple[str, ...] = (),
+        from_contract: bool = False, kind: str = "") -> Any:
+    """A BenchConfig field with what the CLI needs to offer it.
+
+    `flags`: the spellings on the command line (default: the field's name, dashed); `unit`
+    "percent": typed in percent, kept as a fraction; `from_contract`: the option's default is the
+    contract's value (shapes' modes, varlen); `kind` "csv" (a comma list) or "assign" (repeated
+    NAME=VALUE); `cli` False: set by flaloop itself, not an option."""
+    meta = {"help": help, "cli": cli, "flags": flags, "unit": unit, "choices": choices,
+            "from_contract": from_contract, "kind": kind}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class BenchConfig:
-    modes: list[str] = field(default_factory=lambda: list(MODES))
-    dtype: str = "bfloat16"
-    device: str = "auto"
-    margin: float = 0.005
-    half_width: float = 0.0025
-    min_pairs: int = 16
-    max_pairs: int = 400
-    cell_seconds: float = 60.0
+    modes: list[str] = opt(factory=lambda: list(MODES), help="fwd,fwdbwd (default: the contract's).",
+                           from_contract=True, kind="csv", choices=MODES)
+    varlen: bool = opt(False, "Add packed cu_seqlens cells (default: the contract's).", from_contract=True)
+    dtype: str = opt("bfloat16", "Input dtype.", choices=DTYPES)
+    device: str = opt("auto", "Where the workers run.", choices=DEVICES)
+    margin: float = opt(0.005, "SAME margin, percent.", unit="percent")
+    half_width: float = opt(0.0025, "Stop at this CI half-width, percent.", unit="percent")
+    min_pairs: int = opt(16, "Pairs before the stopping rule may stop.")
+    max_pairs: int = opt(400, "Most pairs per cell.")
+    cell_seconds: float = opt(60.0, "Time cap per cell.")
     # One sample = k calls replayed back to back. On the H200, k calibrated for ~1 ms samples
     # (k=1-2 at B8_T1024_H8_D64) gave A/A pairs scattering by 6-7%: samples must be long.
-    min_sample_ms: float = 10.0
-    diff_tol: float = 0.005
-    n_eager: int = 6
-    clock_floor: float = 0.75
-    seed: int = 0
-    setup_timeout: float = 1800.0
-    sample_timeout: float = 300.0
-    varlen: bool = False
-    aa: bool = False
-    overrides: dict[str, str] = field(default_factory=dict)
+    sample_ms: float = opt(10.0, "Calibrate k so one timed sample lasts this long.")
+    diff_tol: float = opt(0.005, "Relative RMS error allowed between base and candidate.")
+    inputs: dict[str, str] = opt(factory=dict, help="Override an input's transform: k=l2norm (repeatable; "
+                                 "the contract's overrides apply too).", flags=("--input",), kind="assign")
+    worker_timeout: float = opt(1800.0, "Seconds a worker may take to answer (compile included).")
     # Triton's autotuner picks by timing, so two processes running the same kernel can pick
-    # different configs: noise that would read as a win or a loss of the candidate. Shared, a
-    # kernel whose source is unchanged is tuned once (by whichever side warms it first) and both
-    # sides run that pick; a changed kernel has a different source hash and is tuned on its own
-    # side. The picks are recorded either way (CellResult.tuning_differs).
-    shared_tuning: bool = True
+    # different configs: noise that would read as a win or a loss of the candidate. Shared (the
+    # default), a kernel whose source is unchanged is tuned once (by whichever side warms it
+    # first) and both sides run that pick; a changed kernel has a different source hash and is
+    # tuned on its own side. The picks are recorded either way (CellResult.tuning_differs).
+    independent_tuning: bool = opt(False, "Let each side autotune on its own, even kernels whose source is "
+                                          "unchanged (default: tuned once, shared).")
     # Each round starts fresh worker processes, the start and setup order swapped every round,
     # and takes its share of the pairs. On the H200 the side that started and set up first once
     # ran B8_T2048_H32_D256 ~0.5% slower; an even number of equal rounds cancels that in the
     # pooled estimate, and a verdict stands only if every round agrees with its direction (see
     # analysis.split_direction). (The larger offset, ~1.1%, came from the process that had
-    # compiled the cell: see Session._prime.)
-    rounds: int = 2
+    # compiled the cell: see Session._fresh_pair.)
+    rounds: int = opt(2, "Fresh worker processes this many times, start order swapped each round; a "
+                         "FASTER/SLOWER verdict needs every round's estimate on its side of the margin.")
     # Cells whose rounds still disagree beyond their CIs after `rounds` get two more rounds at a
     # time (one of each order), in fresh processes that set up only those cells, up to this many
     # rounds in all: a per-process offset averages out over more processes.
-    max_rounds: int = 4
+    max_rounds: int = opt(4, "Cells whose rounds still disagree get two more rounds at a time, up to this "
+                             "many in all (at most --rounds: none).")
     # Every measuring worker builds each cell this many times (own inputs, same values; own proven
-    # CUDA graph and memory pool), and the pairs rotate over them a block of two pairs at a time. Where a cell's
-    # memory lands moves its time: on the H200 the four placements of one cell in one process
-    # differed by up to 0.85%, the same in six processes (benchmarks/placement.py). One placement
-    # per process makes that a per-process offset (an A/A read up to 0.28% with 2 rounds), and a
-    # candidate that merely allocates differently could draw a luckier one. Extra placements take
-    # at most a quarter of the free GPU memory; 1 turns this off (the CPU always has 1).
-    placements: int = 4
+    # CUDA graph and memory pool), and the pairs rotate over them a block of two pairs at a time.
+    # Where a cell's memory lands moves its time: on the H200 the four placements of one cell in
+    # one process differed by up to 0.85%, the same in six processes (benchmarks/placement.py). One
+    # placement per process makes that a per-process offset (an A/A read up to 0.28% with 2
+    # rounds), and a candidate that merely allocates differently could draw a luckier one. Extra
+    # placements take at most a quarter of the free GPU memory; 1 turns this off (the CPU always has 1).
+    placements: int = opt(4, "Build each cell this many times in every measuring worker (own inputs and "
+                             "graph memory) and rotate the pairs over them (1: off).")
+    # The guard's probes on every cell (docs/GUARD.md); --no-probes is for measuring their cost.
+    probes: bool = opt(True, "The guard's dynamic probes on every cell (--no-probes: to measure their cost; "
+                             "the result is then unguarded).")
+    # Fork workers from a warm server that imported the target's third-party libraries once
+    # (bench/forkservers.py): on the H200 FLA's import took 1.9 s in a forked worker, 10-17 s in a spawned one.
+    forkserver: bool = opt(True, "Fork the workers from a warm server that imported the target's third-party "
+                                 "libraries once (idle exit after FLALOOP_FORKSERVER_IDLE_S, default 1200 s; "
+                                 "`flaloop clean` stops it).")
+    # "lean": the op module's parent packages run their __init__ only when asked for a name (FLA's
+    # fla/__init__.py imports fla.layers, fla.models and transformers, which the op never needs).
+    # Opt-in: a package __init__ with side effects the op depends on is then skipped on both sides.
+    import_mode: str = opt("full", "full: import the op as users do; lean: the tree's packages run their "
+                                   "__init__ only when asked for a name (a real import beside the run must "
+                                   "show the same numeric settings).", flags=("--import-mode", "--import"),
+                           choices=IMPORT_MODES)
+    # Not options: set by the command (bench --aa, --quick) or fixed by the method.
+    aa: bool = opt(False, cli=False)
+    signal: bool = opt(False, cli=False)  # a quick signal: labelled everywhere, never promotes
+    n_eager: int = opt(6, cli=False)
+    clock_floor: float = opt(0.75, cli=False)
+    seed: int = opt(0, cli=False)
     # A cell is settled, and stops taking pairs, once its CI lies beyond the margin by more than
     # this band (FASTER/SLOWER) or inside the margin shrunk by it (SAME): twice the largest
     # start-order offset seen on the H200 (~0.5%). Only round 1 stops early; the later rounds
     # still run (with as many pairs as round 1 kept): they are the check on per-process effects.
-    settle_band: float = 0.01
-    # The guard's probes on every cell (docs/GUARD.md); --no-probes is for measuring their cost.
-    probes: bool = True
-    # Fork workers from a warm server that imported the target's third-party libraries once
-    # (bench/forkservers.py): on the H200 FLA's import took 1.9 s in a forked worker, 10-17 s in a spawned one.
-    forkserver: bool = True
-    # "lean": the op module's parent packages run their __init__ only when asked for a name (FLA's
-    # fla/__init__.py imports fla.layers, fla.models and transformers, which the op never needs).
-    # Opt-in: a package __init__ with side effects the op depends on is then skipped on both sides.
-    import_mode: str = "full"
-    # A quick signal: labelled signal everywhere, never promotes (cli: --quick).
-    signal: bool = False
+    settle_band: float = opt(0.01, cli=False)
+
+    @property
+    def sample_timeout(self) -> float:
+        """A timed sample is short: a worker that takes longer than this to give one is hung."""
+        return min(self.worker_timeout, 300.0)
+
+    def check(self) -> BenchConfig:
+        """UsageError naming the first option that cannot work; the config itself otherwise."""
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            bad = [v for v in (value if isinstance(value, list) else [value]) if choices and v not in choices]
+            if bad:
+                raise UsageError(f"{flag_of(f.name)} {', '.join(map(str, bad))}: not one of {', '.join(choices)}")
+        if not self.modes:
+            raise UsageError("--modes is empty", f"choose from {', '.join(MODES)}")
+        if self.rounds < 1:
+            raise UsageError(f"--rounds {self.rounds}: need at least 1 (2 or more let a per-process effect show)")
+        if self.max_rounds < 0:
+            raise UsageError(f"--max-rounds {self.max_rounds}: need 0 or more (at most --rounds: no extra rounds)")
+        if self.placements < 1:
+            raise UsageError(f"--placements {self.placements}: need at least 1 (1 builds each cell once)")
+        if self.min_pairs < 2 or self.max_pairs < self.min_pairs:
+            raise UsageError(f"--min-pairs {self.min_pairs} / --max-pairs {self.max_pairs}: "
+                             "need 2 <= min-pairs <= max-pairs")
+        for name in ("margin", "half_width", "cell_seconds", "sample_ms", "diff_tol", "worker_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise UsageError(f"{flag_of(name)} {value}: need a positive number")
+        self.max_rounds = max(self.rounds, self.max_rounds)
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BenchConfig:
+        d = dict(d or {})
+        # schema 2 records spelled some options otherwise
+        renamed = {"min_sample_ms": "sample_ms", "setup_timeout": "worker_timeout", "overrides": "inputs"}
+        for old, new in renamed.items():
+            if old in d and new not in d:
+                d[new] = d.pop(old)
+        if "shared_tuning" in d and "independent_tuning" not in d:
+            d["independent_tuning"] = not d.pop("shared_tuning")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# --quick: the contract's shapes, one round, a wide stopping rule; labelled SIGNAL everywhere.
+QUICK = {"rounds": 1, "max_rounds": 1, "min_pairs": 6, "max_pairs": 40, "half_width": 0.01, "cell_seconds": 10.0,
+         "signal": True}
+
+
+def flag_of(name: str) -> str:
+    """How the command line spells a BenchConfig field."""
+    f = next((f for f in fields(BenchConfig) if f.name == name), None)
+    flags = f.metadata.get("flags") if f is not None else ()
+    return flags[0] if flags else "--" + name.replace("_", "-")
+
+
+def _known(cls, d: dict) -> dict:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in (d or {}).items() if k in names}
 
 
 @dataclass(frozen=True)
@@ -90,11 +193,25 @@ class Cell:
     def id(self) -> str:
         return f"{self.shape_name}/{self.mode}"
 
-    def to_wire(self, seed: int, overrides: dict, k: int | None, timer: str, min_sample_ms: float,
-                placements: int = 1) -> dict:
-        return {"id": self.id, "shape": self.shape, "mode": self.mode, "dtype": self.dtype, "seed": seed,
-                "overrides": overrides, "seqlens": list(self.seqlens) if self.seqlens else None, "k": k,
-                "timer": timer, "min_sample_ms": min_sample_ms, "placements": placements}
+    @property
+    def varlen(self) -> bool:
+        return self.seqlens is not None
+
+    def to_wire(self, cfg: BenchConfig, k: int | None, timer: str, placements: int = 1) -> dict:
+        """The cell as a worker's `setup` takes it: the config's own names for its options."""
+        return {"id": self.id, "shape": self.shape, "mode": self.mode, "dtype": self.dtype, "seed": cfg.seed,
+                "inputs": cfg.inputs, "seqlens": list(self.seqlens) if self.seqlens else None, "k": k,
+                "timer": timer, "sample_ms": cfg.sample_ms, "placements": placements}
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "id": self.id}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Cell:
+        d = _known(cls, d)
+        if d.get("seqlens") is not None:
+            d["seqlens"] = tuple(d["seqlens"])
+        return cls(**d)
 
 
 def varlen_shape(name: str, shape: dict, seed: int = 0) -> tuple[str, dict, tuple[int, ...]]:
@@ -138,6 +255,77 @@ class Pair:
     cand_wall_ms: float | None = None
     placement: int = 0  # which of the cell's placements both sides timed (BenchConfig.placements)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Pair:
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class RoundEstimate:
+    """One round's own estimate of a cell's speedup (bench/analysis.round_estimates)."""
+
+    round: int
+    n_pairs: int
+    speedup: float
+    ci_low: float
+    ci_high: float
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RoundEstimate:
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class CellSummary:
+    """The final-claim block of a cell: device time per side; eager wall and host time per side."""
+
+    base: Summary | None = None
+    cand: Summary | None = None
+    eager: dict[str, Summary] = field(default_factory=dict)
+    host: dict[str, Summary] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d: dict = {}
+        for side in ("base", "cand"):
+            if getattr(self, side) is not None:
+                d[side] = getattr(self, side).to_dict()
+        for part in ("eager", "host"):
+            if getattr(self, part):
+                d[part] = {s: v.to_dict() for s, v in getattr(self, part).items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> CellSummary:
+        d = d or {}
+
+        def summ(x):
+            return Summary(**_known(Summary, x)) if x else None
+
+        return cls(base=summ(d.get("base")), cand=summ(d.get("cand")),
+                   eager={s: summ(v) for s, v in (d.get("eager") or {}).items()},
+                   host={s: summ(v) for s, v in (d.get("host") or {}).items()})
+
+
+@dataclass
+class CellRoofline:
+    """A cell against the device's limits (roofline.py): its floor and each side's share of it."""
+
+    bytes: int
+    flops: int
+    floor_ms: float | None = None
+    pct_of_floor_base: float | None = None
+    pct_of_floor_cand: float | None = None
+    bound: str | None = None
+    above_100: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> CellRoofline | None:
+        return cls(**_known(cls, d)) if d else None
+
+
+def _estimate(d: dict | None) -> SpeedupEstimate | None:
+    return SpeedupEstimate(**_known(SpeedupEstimate, d)) if d else None
+
 
 @dataclass
 class CellResult:
@@ -153,26 +341,55 @@ class CellResult:
     stop_reason: str = ""
     seconds: float = 0.0
     probes: dict = field(default_factory=dict)    # {side: the worker's probe report}
-    findings: list[dict] = field(default_factory=list)  # guard findings (Finding.to_dict) on this cell
+    findings: list[Finding] = field(default_factory=list)  # guard findings on this cell
     settled: bool = False
     # filled by analyse()
-    estimate: dict | None = None
+    estimate: SpeedupEstimate | None = None
     verdict: str | None = None
-    summary: dict = field(default_factory=dict)
+    summary: CellSummary = field(default_factory=CellSummary)
     launch_bound: bool | None = None
     tuning_differs: list[str] = field(default_factory=list)
-    rounds: list[dict] = field(default_factory=list)  # per-round estimates, when rounds > 1
+    rounds: list[RoundEstimate] = field(default_factory=list)  # per-round estimates, when rounds > 1
     rounds_disagree: bool = False
+    roofline: CellRoofline | None = None  # filled by finish (roofline.annotate)
+
+    @property
+    def id(self) -> str:
+        return self.cell.id
 
     @property
     def kept(self) -> list[Pair]:
         return [p for p in self.pairs if p.dropped is None]
 
+    @property
+    def dropped_pairs(self) -> int:
+        return sum(p.dropped is not None for p in self.pairs)
+
     def log_ratios(self) -> np.ndarray:
         return np.log(np.array([p.cand_ms for p in self.kept]) / np.array([p.base_ms for p in self.kept]))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["cell"] = {**asdict(self.cell), "id": self.cell.id}
-        d["dropped_pairs"] = sum(p.dropped is not None for p in self.pairs)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["cell"] = self.cell.to_dict()
+        d["pairs"] = [asdict(p) for p in self.pairs]
+        d["findings"] = [f.to_dict() for f in self.findings]
+        d["estimate"] = self.estimate.to_dict() if self.estimate else None
+        d["summary"] = self.summary.to_dict()
+        d["rounds"] = [asdict(r) for r in self.rounds]
+        d["roofline"] = asdict(self.roofline) if self.roofline else None
+        d["dropped_pairs"] = self.dropped_pairs
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CellResult:
+        d = dict(d)
+        out = cls(**{k: v for k, v in _known(cls, d).items()
+                     if k not in ("cell", "pairs", "findings", "estimate", "summary", "rounds", "roofline")},
+                  cell=Cell.from_dict(d["cell"]))
+        out.pairs = [Pair.from_dict(p) for p in d.get("pairs") or []]
+        out.findings = [Finding.from_dict(f) for f in d.get("findings") or []]
+        out.estimate = _estimate(d.get("estimate"))
+        out.summary = CellSummary.from_dict(d.get("summary"))
+        out.rounds = [RoundEstimate.from_dict(r) for r in d.get("rounds") or []]
+        out.roofline = CellRoofline.from_dict(d.get("roofline"))
+        return out

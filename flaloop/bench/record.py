@@ -1,148 +1,214 @@
-"""`bench()`: one paired session for the contract's op, and its run record.
+"""The run record: one paired measurement, start to finish, as a typed object.
 
-The run record (`profile/<op>-opt/runs/<stamp>-{bench,aa}/record.json`) is the single source of
-truth for everything printed or reported later: configuration, fingerprint, every raw pair,
-per-cell estimates and verdicts, the guard's findings. It is written even when the run is cut
-short (Ctrl-C), so that `--json` can name it.
+`profile/<op>-opt/runs/<stamp>-{bench,aa}/record.json` (and a sweep's records under
+`sweeps/<stamp>/`) is the single source of truth for everything printed or reported later:
+configuration, fingerprint, every raw pair, per-cell estimates and verdicts, the guard's findings.
+Every reader goes through `RunRecord.from_dict` (`read`), which knows each schema version; the JSON
+is `to_dict()`, the same document `--json` prints.
+
+Schema history: 2 (a plain dict; config names `min_sample_ms`, `setup_timeout`, `overrides`,
+`shared_tuning`), 3 (this class: the config's names are the CLI's, the candidate is a commit).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import time
-from dataclasses import asdict
+import json
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from flaloop import evidence, fsutil, git, roofline
-from flaloop.bench.analysis import analyse
-from flaloop.bench.model import BenchConfig, make_cells
-from flaloop.bench.session import Cancelled, Events, Session
-from flaloop.errors import MeasurementError, StorageError, UsageError
-from flaloop.gate import last_gate_for
-from flaloop.guard import dynamic
-from flaloop.guard.audit import audit
-from flaloop.guard.findings import apply_allowances
+from flaloop import fsutil
+from flaloop.bench.model import BenchConfig, CellResult
+from flaloop.errors import UsageError
+from flaloop.guard.findings import Finding
 
-SCHEMA = 2
-
-
-def write_record(run_dir: Path, record: dict) -> Path:
-    return fsutil.atomic_write_json(run_dir / "record.json", record)
+SCHEMA = 3
+READABLE = (2, 3)
 
 
 def now_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _guard_summary(session: Session, static: dict | None, allowed: list[dict]) -> dict:
-    cell_findings = [f for r in session.results for f in r.findings]
-    findings = list(session.run_findings) + [f for f in (static or {}).get("findings", [])] + cell_findings
-    return {"blocked": any(f.get("blocking") for f in findings), "findings": findings, "static": static,
-            "integrity": session.integrity, "allowed": allowed, "probes": session.cfg.probes,
-            "probe_seconds": round(session.probe_seconds, 3)}
+def _known(cls, d: dict | None) -> dict:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in (d or {}).items() if k in names}
 
 
-def _roofline(record: dict, target, spec, env: dict, allowed: list[dict]) -> None:
-    """Each cell's roofline floor and % of it (flaloop/roofline.py); a candidate faster than its
-    floor is implausible: the cell is BLOCKED (unless the base is below it too: then the model,
-    not the candidate, is wrong, and it is only a warning)."""
+@dataclass
+class TreeRef:
+    """One side of a measurement: a commit (the working tree is snapshotted into one)."""
+
+    commit: str
+    ref: str | None = None          # what the user named: a branch, a tag, "working tree", a patch file
+    head: str | None = None         # for a snapshot of the working tree: HEAD when it was taken
+    dirty: bool = False             # ... and whether it had uncommitted changes
+    diff_hash: str | None = None    # ... and their hash (git.tree_state)
+    tree: str | None = None         # the commit's tree id: equal trees, equal code
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> TreeRef:
+        d = dict(d or {})
+        d.setdefault("commit", d.get("head") or "")  # schema 2: the candidate was the working tree
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class GeomeanSummary:
+    """Equal-weight geomean of the measured cells' speedups with its joint CI (stats.geomean)."""
+
+    speedup: float
+    ci_low: float
+    ci_high: float
+    worst_cell: int
+    worst_speedup: float
+    n_regressions: int
+    n_cells: int
+    method: str = ""
+    worst_cell_id: str | None = None
+    without_best_cell: float | None = None  # leave-one-out: how much it leans on its best cell
+    best_cell_id: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> GeomeanSummary | None:
+        return cls(**_known(cls, d)) if d else None
+
+
+@dataclass
+class RunSummary:
+    geomean: GeomeanSummary | None = None
+    n_cells: int = 0
+    n_measured: int = 0
+    n_blocked: int = 0
+    n_refused: int = 0
+    n_failed: int = 0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "geomean": asdict(self.geomean) if self.geomean else None}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> RunSummary:
+        d = dict(d or {})
+        out = cls(**{k: v for k, v in _known(cls, d).items() if k != "geomean"})
+        out.geomean = GeomeanSummary.from_dict(d.get("geomean"))
+        return out
+
+
+@dataclass
+class GuardSummary:
+    """Every guard finding of the run (the static audit's, the run's, each cell's) and whether any blocks."""
+
+    blocked: bool = False
+    findings: list[Finding] = field(default_factory=list)
+    static: dict | None = None          # the static audit (guard/audit.AuditResult.to_dict)
+    integrity: dict = field(default_factory=dict)  # {side: timing-path violations the worker saw}
+    allowed: list[dict] = field(default_factory=list)
+    probes: bool = True
+    probe_seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "findings": [f.to_dict() for f in self.findings]}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> GuardSummary:
+        d = dict(d or {})
+        out = cls(**{k: v for k, v in _known(cls, d).items() if k != "findings"})
+        out.findings = [Finding.from_dict(f) for f in d.get("findings") or []]
+        return out
+
+
+@dataclass
+class RunRecord:
+    op: str
+    created: str
+    base: TreeRef
+    candidate: TreeRef
+    config: BenchConfig
+    cells: list[CellResult] = field(default_factory=list)
+    summary: RunSummary = field(default_factory=RunSummary)
+    guard: GuardSummary = field(default_factory=GuardSummary)
+    kind: str = "bench"
+    schema: int = SCHEMA
+    command: str = ""
+    env: dict = field(default_factory=dict)        # fingerprint, idle and during-run clock evidence
+    gpu: str | None = None                         # the device index this run was given
+    host: str | None = None                        # where it ran (a Ray node's address, say)
+    workers: dict = field(default_factory=dict)    # {side: hello} of a measuring pair (where the op came from)
+    rounds: list[dict] = field(default_factory=list)  # per round: {side: pid}
+    import_s: list[dict] = field(default_factory=list)
+    warmup: dict = field(default_factory=dict)
+    primed: dict | None = None
+    contested: list[str] = field(default_factory=list)
+    restarts: int = 0
+    gate: dict | None = None                       # the gate result this measurement was taken under
+    unverified: bool = True
+    interrupted: bool = False
+    last_gate: dict | None = None
+    errors: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    timeline: list[list] = field(default_factory=list)
+    lean_check: dict | None = None
+    waited_s: dict = field(default_factory=dict)
+    transfer: dict = field(default_factory=dict)
+    roofline: dict | None = None
+    path: str | None = None
+
+    @property
+    def aa(self) -> bool:
+        return self.config.aa
+
+    @property
+    def signal(self) -> bool:
+        return self.config.signal
+
+    @property
+    def measured(self) -> list[CellResult]:
+        return [c for c in self.cells if c.status == "ok"]
+
+    def cell(self, cell_id: str) -> CellResult | None:
+        return next((c for c in self.cells if c.id == cell_id), None)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(base=asdict(self.base), candidate=asdict(self.candidate), config=self.config.to_dict(),
+                 cells=[c.to_dict() for c in self.cells], summary=self.summary.to_dict(),
+                 guard=self.guard.to_dict(), aa=self.aa, signal=self.signal)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunRecord:
+        if not isinstance(d, dict):
+            raise ValueError(f"a run record is a JSON object, not {type(d).__name__}")
+        schema = d.get("schema", 2)
+        if schema not in READABLE:
+            raise ValueError(f"run record schema {schema!r}; this flaloop reads {', '.join(map(str, READABLE))}")
+        nested = ("base", "candidate", "config", "cells", "summary", "guard", "schema")
+        out = cls(op=d["op"], created=d.get("created", ""), base=TreeRef.from_dict(d.get("base")),
+                  candidate=TreeRef.from_dict(d.get("candidate")), config=BenchConfig.from_dict(d.get("config")),
+                  **{k: v for k, v in _known(cls, d).items() if k not in (*nested, "op", "created")})
+        for flag in ("aa", "signal"):  # the document's own word on what kind of run it was
+            if flag in d:
+                setattr(out.config, flag, bool(d[flag]))
+        out.cells = [CellResult.from_dict(c) for c in d.get("cells") or []]
+        out.summary = RunSummary.from_dict(d.get("summary"))
+        out.guard = GuardSummary.from_dict(d.get("guard"))
+        return out
+
+
+def write(run_dir: Path, record: RunRecord) -> Path:
+    path = fsutil.atomic_write_json(run_dir / "record.json", record.to_dict())
+    record.path = str(path)
+    return path
+
+
+def read(path: Path | str) -> RunRecord:
+    """A stored run record; UsageError naming the file when it cannot be read."""
+    path = Path(path)
     try:
-        ceilings = roofline.ceilings_for(target.python, env.get("device_uuid"))
-    except MeasurementError as exc:
-        ceilings = None
-        record["errors"].append(f"roofline ceilings not measured: {exc.message}")
-    roofline.annotate(record, ceilings, roofline.family_for(spec.registry, spec.name))
-    if record["aa"]:
-        return
-    for cell in record["cells"]:
-        roof, summ = cell.get("roofline") or {}, cell.get("summary") or {}
-        f = dynamic.implausible(cell["cell"]["id"], (summ.get("cand") or {}).get("median"), roof.get("floor_ms"))
-        if f is None:
-            continue
-        if (roof.get("pct_of_floor_base") or 0) > 100:
-            f = dynamic.finding("implausible-speedup", f.message + " (the base is below it too: the model is "
-                                     "off for this op)", f.cell, severity="warn")
-        (f,) = apply_allowances([f], allowed)
-        cell["findings"].append(f.to_dict())
-        record["guard"]["findings"].append(f.to_dict())
-        if f.blocking and cell.get("verdict") not in ("BLOCKED", None):
-            cell["reason"] = (cell.get("reason") + "; " if cell.get("reason") else "") + \
-                f"guard: implausible-speedup (measured {cell['verdict']})"
-            cell["verdict"] = "BLOCKED"
-            record["guard"]["blocked"] = True
-    record["summary"]["n_blocked"] = sum(c.get("verdict") == "BLOCKED" for c in record["cells"])
-
-
-def bench(target, contract, *, base_ref: str | None, shapes: list[str] | None, cfg: BenchConfig,
-          on_event: Events | None = None, gate: dict | None = None, command: str = "",
-          gpu: str | None = None, cancel=None) -> dict:
-    """Run one paired session for the contract's op and keep its run record."""
-    spec = target.op(contract.op)
-    if not target.registry_file.is_file():
-        raise UsageError(f"{contract.op} has no registry entry to build bench inputs from",
-                         f"the bench reads TensorSpecs from {target.registry_file.relative_to(target.root)}")
-    base_commit = git.resolve_ref(target.root, base_ref) if base_ref else contract.base_commit
-    if git.file_at(target.root, base_commit, str(target.registry_file.relative_to(target.root))) is None:
-        raise UsageError(f"the base {base_commit[:12]} has no {target.registry_file.relative_to(target.root)}",
-                         "choose a base that has the registry (--base)")
-    cells = make_cells(target.shape_configs(spec), shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen)
-    if not cells:
-        raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
-    cfg.overrides = {**contract.input_overrides, **cfg.overrides}
-    allowed = list(getattr(contract, "allowed", None) or [])
-    # The static rules over the diff against this run's base: seconds, before any process starts.
-    static = None if cfg.aa else audit(target, contract, base_commit).to_dict()
-    stamp = now_stamp()
-    # its own directory, even when another run of this op started within the same second
-    run_dir = fsutil.unique_dir(target.workspace(contract.op) / "runs", f"{stamp}-{'aa' if cfg.aa else 'bench'}")
-    session = Session(root=target.root, python=target.python, op=contract.op,
-                      registry_rel=str(target.registry_file.relative_to(target.root)), base_commit=base_commit,
-                      cells=cells, config=cfg, run_dir=run_dir, on_event=on_event, allowed=allowed, gpu=gpu,
-                      cancel=cancel)
-    tree = git.tree_state(target.root)
-    t0 = time.monotonic()
-    interrupted = False
-    pending: BaseException | None = None
-    try:
-        session.run()
-    except (KeyboardInterrupt, Cancelled) as exc:
-        interrupted, pending = True, exc
-        raise
-    finally:
-        run_blocked = [f for f in session.run_findings + ((static or {}).get("findings") or []) if f.get("blocking")]
-        summary = analyse(session.results, cfg.margin, cfg.seed, aa=cfg.aa, run_blocked=run_blocked)
-        guard = _guard_summary(session, static, allowed)
-        record = {
-            "kind": "bench", "schema": SCHEMA, "op": contract.op, "created": stamp, "command": command,
-            "aa": cfg.aa, "signal": cfg.signal, "base": {"ref": base_ref or contract.base_ref, "commit": base_commit},
-            "candidate": {"tree": "base worktree (A/A)" if cfg.aa else str(target.root), **tree},
-            "config": asdict(cfg), "env": session.env_info, "gpu": gpu,
-            # where each side imported the op from: a measuring pair's word, or the warm-up pair's
-            # when no cell got as far as a round (blocked, refused or failed in the warm-up)
-            "workers": session.hellos[0] if session.hellos else session.warmup_hellos,
-            "rounds": [{s: h.get("pid") for s, h in hs.items()} for hs in session.hellos],
-            "import_s": [{s: h.get("import_s") for s, h in hs.items()} for hs in session.hellos],
-            "warmup": session.warmup, "primed": session.primed, "contested": session.contested, "restarts": session.restarts,
-            "gate": gate, "unverified": gate is None, "interrupted": interrupted,
-            "last_gate": last_gate_for(target, contract.op, tree) if gate is None else None,
-            "errors": session.errors, "wall_s": round(time.monotonic() - t0, 2), "timeline": session.timeline,
-            "lean_check": session.lean_check, "waited_s": {k: round(v, 2) for k, v in session.waited.items()},
-            "transfer": session.transfer,
-            "guard": guard, "summary": summary, "cells": [r.to_dict() for r in session.results],
-        }
-        if not interrupted and session.env_info:
-            record["env"]["during"] = evidence.during_evidence(evidence.readings_of(record))
-            _roofline(record, target, spec, session.env_info, allowed)
-        if session.pool is not None or interrupted:
-            try:
-                record["path"] = str(write_record(run_dir, record))
-            except StorageError:
-                if pending is None:
-                    raise  # an interrupt outranks a record that could not be kept
-        else:
-            with contextlib.suppress(OSError):
-                run_dir.rmdir()  # nothing ran (a bad worktree, say): no empty run directory left
-        if pending is not None:  # so that `--json` can still name the record of a cut-short run
-            pending.record_path = record.get("path")
-    return record
+        data = json.loads(path.read_text())
+        rec = RunRecord.from_dict(data)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path} is not a readable run record: {exc}",
+                         "it was cut short or written by another flaloop; measure again") from exc
+    rec.path = rec.path or str(path)
+    return rec

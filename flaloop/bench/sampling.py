@@ -14,149 +14,164 @@ sample (in 31 of 40 such rounds of three verifies, by up to 2.7%), and it was al
 since round 2 set it up last and began with AB: a lean toward FASTER. A run of the graph just
 before that sample did not help (docs/BENCHMARKS.md, eighth and ninth sessions).
 
-A mixin of `Session` (bench/session.py), which holds the state these methods use.
+Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
+test drives them over scripted fake workers (tests/test_session.py).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from flaloop import stats
 from flaloop.bench.analysis import settled
-from flaloop.bench.model import CellResult, Pair
+from flaloop.bench.model import BenchConfig, CellResult, Pair
 from flaloop.bench.workers import WorkerFailed
 from flaloop.evidence import ClockReading
 
+if TYPE_CHECKING:
+    from flaloop.bench.session import Session
 
-class Sampling:
-    def _clock(self) -> ClockReading | None:
-        return self.clocks.read() if self.clocks else None
 
-    def _measure(self, res: CellResult) -> None:
-        """Sample one cell for this round. A crash or hang fails the cell; a fresh pair goes on."""
-        t0 = time.monotonic()
-        try:
-            self._sample_cell(res, t0)
-            if self.broken:
-                self._restart(self.broken)
-            else:
-                self._release(res)
-        except WorkerFailed as exc:
-            self._cell_failed(res, exc)
-            res.reason = f"round {self.round + 1}: {res.reason}"
-            self._restart(exc.message)
-        finally:
-            res.seconds += time.monotonic() - t0
-
-    def _setup_pair(self, res: CellResult, placements: int) -> bool:
-        """Both sides set the cell up for this round's process pair, one after the other in the
-        round's start order (the H200 once showed a setup-order offset: see BenchConfig.rounds);
-        False when one failed. When the warm-up compiled (_fresh_pair) the first side calibrates k
-        afresh: the warm-up process may have timed the op slower than the processes that measure it."""
-        k = None if self.round == 0 and self.primed else res.k
-        built = res.setup.setdefault("placements", [])
-        for side in self._order():
-            r = self._setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto", placements)
-            if not r.get("ok"):
-                self._fail(res, side, r)
-                return False
-            built.append({"round": self.round + 1, "side": side, "built": r.get("placements", 1),
-                          "bytes": r.get("placement_bytes")})
-            if k is None:
-                res.setup["k_warmup"], res.k = res.k, r["k"]
-                k = res.k
-        return True
-
-    def _sample_cell(self, res: CellResult, t0: float) -> None:
-        # Each round takes its share of the pairs and time; the first round's target half-width
-        # is wider by sqrt(rounds), so that the pooled CI lands near the configured one. Later
-        # rounds take as many pairs as the first kept, so that every process pair weighs the
-        # same in the pooled estimate and a start-order offset cancels.
-        n_rounds = max(1, self.cfg.rounds)
-        min_r = max(2, math.ceil(self.cfg.min_pairs / n_rounds))
-        min_r += min_r % 2  # whole blocks of two pairs (ABBA, or BAAB in a mirrored round)
-        max_r = max(min_r, math.ceil(self.cfg.max_pairs / n_rounds))
-        first = sum(p.round == 0 and p.dropped is None for p in res.pairs)
-        if self.round and first >= 2:
-            min_r = max_r = first
-        rule = stats.CIHalfWidthStop(target=self.cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
-                                     max_pairs=max_r, max_seconds=self.cfg.cell_seconds / n_rounds)
-        # one block of two pairs per placement, so a round too short to reach a placement does not build it
-        placements = max(1, min(self.cfg.placements, max_r // 2))
-        if not self._setup_pair(res, placements):
-            return None
-        lead, other = self._order()  # the side that set up first samples first
-        settle = self._pair(res, lead, 0)
-        if settle is None:
-            return None
-        res.setup.setdefault("settle", []).append({"round": self.round + 1, "order": settle.order,
-                                                   "base_ms": settle.base_ms, "cand_ms": settle.cand_ms})
-        mine: list[Pair] = []
-        while True:
-            if self._blocked_run():
-                return None
-            pair = self._pair(res, lead if len(mine) % 2 == 0 else other, (len(mine) // 2) % placements)
-            if pair is None:
-                return None
-            res.pairs.append(pair)
-            mine.append(pair)
-            r_kept = np.log(np.array([p.cand_ms / p.base_ms for p in mine if p.dropped is None]))
-            self.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
-            # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
-            # calibrated on the base) must still get enough pairs to be called SLOWER
-            elapsed = time.monotonic() - t0 if len(r_kept) >= min(min_r, 6) else 0.0
-            done = rule.enough(r_kept, elapsed)
-            # settled: judged on the stopping rule's own latest CI (no second bootstrap per pair)
-            state = (settled(rule.last, self.cfg.margin, self.cfg.settle_band)
-                     if not done and self.round == 0 and len(r_kept) >= min_r else None)
-            if done or state or len(mine) >= 3 * max_r:
-                why = (f"settled: the CI lies {state} the margin" if state else
-                       f"{len(r_kept)} pairs, as many as round 1" if self.round and first >= 2
-                       and rule.reason.startswith("pair cap") else rule.reason)
-                res.settled = state == "beyond"
-                res.stop_reason = (res.stop_reason + "; " if res.stop_reason else "") + (
-                    f"round {self.round + 1}: {why}" if n_rounds > 1 else why)
-                break
-        for i in range(max(2, self.cfg.n_eager // n_rounds)):
-            for side in (self._order() if i % 2 == 0 else self._order()[::-1]):
-                r = self._ask(side, "eager", self.cfg.sample_timeout, cell=res.cell.id, n=1)
-                if r.get("ok"):
-                    e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
-                    e["host_ms"] += r["host_ms"]
-                    e["wall_ms"] += r["wall_ms"]
-        kept = sum(p.dropped is None for p in mine)
-        if kept < 2:
-            res.status = "failed"
-            res.reason = f"round {self.round + 1}: only {kept} usable pairs ({len(mine) - kept} dropped)"
+def measure_cell(s: Session, res: CellResult) -> None:
+    """Sample one cell for this round. A crash or hang fails the cell; a fresh pair goes on."""
+    t0 = time.monotonic()
+    try:
+        sample_cell(s, res, t0)
+        if s.broken:
+            s.restart(s.broken)
         else:
-            res.status = "ok"  # for now: the pooled count is judged after the last round
-        return None
+            s.release(res)
+    except WorkerFailed as exc:
+        s.cell_failed(res, exc)
+        res.reason = f"round {s.round + 1}: {res.reason}"
+        s.restart(exc.message)
+    finally:
+        res.seconds += time.monotonic() - t0
 
-    def _pair(self, res: CellResult, lead: str, placement: int) -> Pair | None:
-        """One pair on a placement, `lead` sampling first. None when a side failed (the cell is failed)."""
-        before = self._clock()
-        t, wall = {}, {}
-        for side in (lead, "cand" if lead == "base" else "base"):
-            r = self._ask(side, "sample", self.cfg.sample_timeout, cell=res.cell.id, n=1, placement=placement)
-            times = r.get("times_ms") or [None]
-            if not r.get("ok") or times[0] is None or not times[0] > 0:
-                return self._fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
-            t[side] = times[0]
-            wall[side] = (r.get("wall_ms") or [None])[0]
-        after = self._clock()
-        return Pair("AB" if lead == "base" else "BA", t["base"], t["cand"], before and before.to_dict(),
-                    after and after.to_dict(), self._drop_reason(before, after), round=self.round,
-                    base_wall_ms=wall["base"], cand_wall_ms=wall["cand"], placement=placement)
 
-    def _drop_reason(self, before: ClockReading | None, after: ClockReading | None) -> str | None:
-        for r in (before, after):
-            if r is None:
-                continue
-            if r.throttled:
-                return f"throttled (reasons 0x{r.throttle_reasons:x})"
-            if r.fraction_of_max < self.cfg.clock_floor:
-                return f"SM clock {r.sm_mhz} MHz < {self.cfg.clock_floor:.0%} of {r.sm_max_mhz}"
+def setup_pair(s: Session, res: CellResult, placements: int) -> bool:
+    """Both sides set the cell up for this round's process pair, one after the other in the
+    round's start order (the H200 once showed a setup-order offset: see BenchConfig.rounds);
+    False when one failed. When the warm-up compiled (Session._fresh_pair) the first side
+    calibrates k afresh: the warm-up process may have timed the op slower than the processes that
+    measure it."""
+    k = None if s.round == 0 and s.out.primed else res.k
+    built = res.setup.setdefault("placements", [])
+    for side in s.order():
+        r = s.setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto", placements)
+        if not r.get("ok"):
+            s.fail(res, side, r)
+            return False
+        built.append({"round": s.round + 1, "side": side, "built": r.get("placements", 1),
+                      "bytes": r.get("placement_bytes")})
+        if k is None:
+            res.setup["k_warmup"], res.k = res.k, r["k"]
+            k = res.k
+    return True
+
+
+def round_budget(cfg: BenchConfig, rnd: int, first_round_kept: int) -> tuple[int, int, stats.CIHalfWidthStop]:
+    """(min pairs, max pairs, stopping rule) of a cell in round `rnd` (0-based).
+
+    Each round takes its share of the pairs and time; the first round's target half-width is wider
+    by sqrt(rounds), so that the pooled CI lands near the configured one. Later rounds take as
+    many pairs as the first kept, so that every process pair weighs the same in the pooled
+    estimate and a start-order offset cancels."""
+    n_rounds = max(1, cfg.rounds)
+    min_r = max(2, math.ceil(cfg.min_pairs / n_rounds))
+    min_r += min_r % 2  # whole blocks of two pairs (ABBA, or BAAB in a mirrored round)
+    max_r = max(min_r, math.ceil(cfg.max_pairs / n_rounds))
+    if rnd and first_round_kept >= 2:
+        min_r = max_r = first_round_kept
+    rule = stats.CIHalfWidthStop(target=cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
+                                 max_pairs=max_r, max_seconds=cfg.cell_seconds / n_rounds)
+    return min_r, max_r, rule
+
+
+def sample_cell(s: Session, res: CellResult, t0: float) -> None:
+    cfg = s.cfg
+    n_rounds = max(1, cfg.rounds)
+    first = sum(p.round == 0 and p.dropped is None for p in res.pairs)
+    min_r, max_r, rule = round_budget(cfg, s.round, first)
+    # one block of two pairs per placement, so a round too short to reach a placement does not build it
+    placements = max(1, min(cfg.placements, max_r // 2))
+    if not setup_pair(s, res, placements):
         return None
+    lead, other = s.order()  # the side that set up first samples first
+    settle = pair(s, res, lead, 0)
+    if settle is None:
+        return None
+    res.setup.setdefault("settle", []).append({"round": s.round + 1, "order": settle.order,
+                                               "base_ms": settle.base_ms, "cand_ms": settle.cand_ms})
+    mine: list[Pair] = []
+    while True:
+        if s.blocked_run():
+            return None
+        p = pair(s, res, lead if len(mine) % 2 == 0 else other, (len(mine) // 2) % placements)
+        if p is None:
+            return None
+        res.pairs.append(p)
+        mine.append(p)
+        r_kept = np.log(np.array([x.cand_ms / x.base_ms for x in mine if x.dropped is None]))
+        s.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
+        # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
+        # calibrated on the base) must still get enough pairs to be called SLOWER
+        elapsed = time.monotonic() - t0 if len(r_kept) >= min(min_r, 6) else 0.0
+        done = rule.enough(r_kept, elapsed)
+        # settled: judged on the stopping rule's own latest CI (no second bootstrap per pair)
+        state = (settled(rule.last, cfg.margin, cfg.settle_band)
+                 if not done and s.round == 0 and len(r_kept) >= min_r else None)
+        if done or state or len(mine) >= 3 * max_r:
+            why = (f"settled: the CI lies {state} the margin" if state else
+                   f"{len(r_kept)} pairs, as many as round 1" if s.round and first >= 2
+                   and (rule.reason or "").startswith("pair cap") else rule.reason)
+            res.settled = state == "beyond"
+            res.stop_reason = (res.stop_reason + "; " if res.stop_reason else "") + (
+                f"round {s.round + 1}: {why}" if n_rounds > 1 else str(why))
+            break
+    for i in range(max(2, cfg.n_eager // n_rounds)):
+        for side in (s.order() if i % 2 == 0 else s.order()[::-1]):
+            r = s.ask(side, "eager", cfg.sample_timeout, cell=res.cell.id, n=1)
+            if r.get("ok"):
+                e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
+                e["host_ms"] += r["host_ms"]
+                e["wall_ms"] += r["wall_ms"]
+    kept = sum(x.dropped is None for x in mine)
+    if kept < 2:
+        res.status = "failed"
+        res.reason = f"round {s.round + 1}: only {kept} usable pairs ({len(mine) - kept} dropped)"
+    else:
+        res.status = "ok"  # for now: the pooled count is judged after the last round
+    return None
+
+
+def pair(s: Session, res: CellResult, lead: str, placement: int) -> Pair | None:
+    """One pair on a placement, `lead` sampling first. None when a side failed (the cell is failed)."""
+    before = s.clock()
+    t, wall = {}, {}
+    for side in (lead, "cand" if lead == "base" else "base"):
+        r = s.ask(side, "sample", s.cfg.sample_timeout, cell=res.cell.id, n=1, placement=placement)
+        times = r.get("times_ms") or [None]
+        if not r.get("ok") or times[0] is None or not times[0] > 0:
+            return s.fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
+        t[side] = times[0]
+        wall[side] = (r.get("wall_ms") or [None])[0]
+    after = s.clock()
+    return Pair("AB" if lead == "base" else "BA", t["base"], t["cand"], before and before.to_dict(),
+                after and after.to_dict(), drop_reason(s.cfg, before, after), round=s.round,
+                base_wall_ms=wall["base"], cand_wall_ms=wall["cand"], placement=placement)
+
+
+def drop_reason(cfg: BenchConfig, before: ClockReading | None, after: ClockReading | None) -> str | None:
+    for r in (before, after):
+        if r is None:
+            continue
+        if r.throttled:
+            return f"throttled (reasons 0x{r.throttle_reasons:x})"
+        if r.fraction_of_max < cfg.clock_floor:
+            return f"SM clock {r.sm_mhz} MHz < {cfg.clock_floor:.0%} of {r.sm_max_mhz}"
+    return None

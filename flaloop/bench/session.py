@@ -1,20 +1,22 @@
-"""The paired benchmark session: base and candidate workers, interleaved, stopped, judged.
+"""The paired benchmark session: one candidate against the base, on one device.
 
-The session never times anything itself (workers do) and never imports torch. Order of work:
+A session is given everything it works with, and makes none of it: the two trees (checked out by
+the caller: bench/measure.py), the launcher that starts its workers (bench/launcher.py: spawn,
+or fork from a warm server), the Triton cache it may watch, the run directory. It never times
+anything itself (workers do), never imports torch, and returns a `Measurement`: the raw cell
+results and what happened on the way, for bench/finish.py to analyse. Order of work:
 
 1. Processes: every pair the run will need is started at once (bench/pool.py): the warm-up pair
-   and one pair per later round, forked from a server that imported the target's libraries once
-   where it can. The candidate imports the op from the working tree, the base from a detached
-   worktree of the base commit; each proves it by its op module's `__file__`.
+   and one pair per later round. Each side imports the op from its own tree and proves it by its
+   op module's `__file__`.
 2. Warm-up (bench/warmup.py), for every cell on both sides before any timed sample: set up,
    compile, autotune, check the candidate's results against the base's, the guard's probes.
 3. The warm-up pair is closed: it measures nothing (`_fresh_pair`).
 4. Rounds (bench/sampling.py): pairs in each round's own fresh processes (round 1's too), each
-   round the mirror of the one before (start order, and which side samples first: ABBA, BAAB). A cell stops when the stopping rule says so,
-   or once settled beyond the margin; it still takes every planned round (as many pairs as
-   round 1 kept): a per-process effect would show in round 1 alone as confidently as a real
-   speedup.
-5. Analysis (bench/analysis.py) and the run record (bench/record.py).
+   round the mirror of the one before (start order, and which side samples first: ABBA, BAAB). A
+   cell stops when the stopping rule says so, or once settled beyond the margin; it still takes
+   every planned round (as many pairs as round 1 kept): a per-process effect would show in round
+   1 alone as confidently as a real speedup.
 
 A worker that crashes or hangs fails the cell it was on; a fresh pair takes over the rest.
 """
@@ -22,24 +24,24 @@ A worker that crashes or hangs fails the cell it was on; a fresh pair takes over
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from flaloop import git
-from flaloop.bench import forkservers
+from flaloop.bench import sampling, warmup
 from flaloop.bench.analysis import round_estimates
+from flaloop.bench.launcher import Launcher
 from flaloop.bench.model import BenchConfig, Cell, CellResult
 from flaloop.bench.pool import WorkerPool
-from flaloop.bench.sampling import Sampling
-from flaloop.bench.warmup import WarmUp
 from flaloop.bench.workers import WorkerClient, WorkerFailed
 from flaloop.errors import MeasurementError
-from flaloop.evidence import Clocks, fingerprint, idle_evidence
+from flaloop.evidence import ClockReading, Clocks, fingerprint, idle_evidence
 from flaloop.guard import dynamic
-from flaloop.guard.findings import apply_allowances
+from flaloop.guard.findings import Finding, apply_allowances
 
 Events = Callable[..., None]
 MAX_RESTARTS = 4  # fresh pairs after crashes or hangs, per run
@@ -50,98 +52,125 @@ STICKY_CUDA = ("illegal memory access", "unspecified launch failure", "device-si
 
 
 class Cancelled(Exception):
-    """The caller withdrew the run (verify: the gate running beside the bench went red)."""
+    """The caller withdrew the run (verify: the gate running beside the bench went red; a sweep: Ctrl-C)."""
 
 
-def _cache_entries(cache: Path) -> int:
+def cache_entries(cache: Path | None) -> int:
     """How many kernel (and autotune) entries a Triton cache directory holds."""
+    if cache is None:
+        return 0
     try:
         return sum(1 for _ in os.scandir(cache))
     except OSError:
         return 0
 
 
-class Session(WarmUp, Sampling):
-    def __init__(self, *, root: Path, python: str, op: str, registry_rel: str, base_commit: str,
-                 cells: list[Cell], config: BenchConfig, run_dir: Path, on_event: Events | None = None,
-                 allowed: list[dict] | None = None, gpu: str | None = None,
-                 cancel: threading.Event | None = None):
-        self.root, self.python, self.op = root, python, op
-        self.registry_rel, self.base_commit = registry_rel, base_commit
-        self.cells, self.cfg, self.run_dir = cells, config, run_dir
-        self.on_event = on_event or (lambda *a, **k: None)
+@dataclass
+class Measurement:
+    """What one session measured, raw: per-cell results and the story of the run. Everything a
+    record needs from the device's machine (a Ray node's too: it travels as `to_dict`)."""
+
+    results: list[CellResult]
+    hellos: list[dict] = field(default_factory=list)  # per measuring round: {side: hello}
+    warmup_hellos: dict = field(default_factory=dict)
+    warmup: dict = field(default_factory=dict)  # {side: pid} of the warm-up pair (it measures nothing)
+    primed: dict | None = None  # when the warm-up compiled or tuned: k is calibrated afresh
+    contested: list[str] = field(default_factory=list)  # cells given extra rounds
+    restarts: int = 0
+    errors: list[str] = field(default_factory=list)
+    timeline: list[list] = field(default_factory=list)  # [what, seconds since the session began]
+    waited: dict = field(default_factory=dict)  # seconds waited on each command (both sides at once: once)
+    transfer: dict = field(default_factory=dict)  # how the base's results reached the candidate
+    integrity: dict = field(default_factory=lambda: {"base": [], "cand": []})
+    run_findings: list[Finding] = field(default_factory=list)  # guard findings about the whole run
+    probe_seconds: float = 0.0
+    lean_check: dict | None = None
+    env: dict = field(default_factory=dict)  # fingerprint, idle evidence, how the workers started
+    ceilings: dict | None = None  # the device's measured limits (roofline.Ceilings), taken where it ran
+    ceilings_error: str | None = None
+    interrupted: bool = False
+    wall_s: float = 0.0
+    host: str = field(default_factory=socket.gethostname)
+
+    @property
+    def started(self) -> bool:
+        """Whether any worker answered (a session that failed before that leaves nothing to record)."""
+        return bool(self.hellos or self.warmup_hellos or self.env)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["results"] = [r.to_dict() for r in self.results]
+        d["run_findings"] = [f.to_dict() for f in self.run_findings]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Measurement:
+        names = {f.name for f in fields(cls)} - {"results", "run_findings"}
+        out = cls(results=[CellResult.from_dict(r) for r in d.get("results") or []],
+                  **{k: v for k, v in d.items() if k in names})
+        out.run_findings = [Finding.from_dict(f) for f in d.get("run_findings") or []]
+        return out
+
+
+class Session:
+    def __init__(self, *, op: str, cells: list[Cell], config: BenchConfig, trees: dict[str, Path],
+                 launcher: Launcher, run_dir: Path, triton_cache: Path | None = None,
+                 allowed: list[dict] | None = None, on_event: Events | None = None,
+                 cancel: threading.Event | None = None, t0: float | None = None):
+        self.op, self.cfg, self.trees, self.launcher = op, config, trees, launcher
+        self.run_dir, self.triton_cache = run_dir, triton_cache
         self.allowed = allowed or []
-        self.gpu = gpu
-        self.results = [CellResult(c) for c in cells]
+        self.on_event = on_event or (lambda *a, **k: None)
+        self.cancel = cancel
+        self.out = Measurement(results=[CellResult(c) for c in cells],
+                               transfer={"how": "cuda-ipc", "why": None})
+        self.results = self.out.results
         self.workers: dict[str, WorkerClient] = {}
         self.pool: WorkerPool | None = None
         self.clocks: Clocks | None = None
-        self.env_info: dict = {}
-        self.errors: list[str] = []
         self.round = 0
-        self.hellos: list[dict] = []  # per round: {side: hello}
-        self.warmup: dict = {}  # {side: pid} of the pair that warmed the cells up (it measures nothing)
-        self.warmup_hellos: dict = {}
-        self.primed: dict | None = None  # when the warm-up compiled or tuned: k is calibrated afresh
-        self.contested: list[str] = []  # cells given extra rounds
-        self.integrity: dict[str, list[str]] = {"base": [], "cand": []}
-        self.run_findings: list[dict] = []  # guard findings about the whole run (timer patches)
-        self.restarts = 0
         self.broken: str | None = None  # why the current pair must be replaced (a sticky CUDA error)
-        self.probe_seconds = 0.0
-        self.cancel = cancel
-        self.lean_check: dict | None = None  # --import lean: the real import's verdict on it
-        self.t0 = time.monotonic()
-        self.timeline: list[list] = []  # [what, seconds since the session began]: where a run's time went
-        self.waited: dict[str, float] = {}  # seconds the session waited on each command (both sides at once: once)
-        # how the base's results reach the candidate: CUDA IPC handles, or a file where they cannot
-        # (no GPU, an allocator without IPC, handles the candidate cannot map): bench/warmup.py
-        self.transfer = {"how": "cuda-ipc", "why": None}
+        self.t0 = time.monotonic() if t0 is None else t0  # the timeline counts from here (the caller's start)
 
-    def _mark(self, what: str) -> None:
-        self.timeline.append([what, round(time.monotonic() - self.t0, 2)])
+    def mark(self, what: str) -> None:
+        self.out.timeline.append([what, round(time.monotonic() - self.t0, 2)])
 
     # -- lifecycle --
 
-    def _order(self, rnd: int | None = None) -> tuple[str, str]:
+    def order(self, rnd: int | None = None) -> tuple[str, str]:
         """Which side starts, and sets up, first in a round: base in even rounds, cand in odd."""
         return ("base", "cand") if (self.round if rnd is None else rnd) % 2 == 0 else ("cand", "base")
 
-    def run(self) -> None:
-        self.t0 = time.monotonic()
+    def run(self) -> Measurement:
+        try:
+            self._run()
+        except (KeyboardInterrupt, Cancelled):
+            self.out.interrupted = True
+            raise
+        finally:
+            self.out.wall_s = round(time.monotonic() - self.t0, 2)
+            if self.out.env:
+                self.out.env["forkserver"] = self.launcher.describe()  # as it stands after the run
+        return self.out
+
+    def _run(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         with ExitStack() as stack:
-            base_tree = stack.enter_context(git.worktree(self.root, self.base_commit, "base"))
-            self._mark("base worktree")
-            trees = {"base": base_tree, "cand": base_tree if self.cfg.aa else self.root}
-            ws = self.run_dir.parents[1]
-            env = dict(os.environ)
-            # Persistent under the workspace, shared by both sides: a second run recompiles nothing.
-            env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(ws / "triton-cache")
-            # Autotuning results on disk, keyed by kernel source: see BenchConfig.shared_tuning.
-            if self.cfg.shared_tuning:
-                env["TRITON_CACHE_AUTOTUNING"] = "1"
-            else:
-                env.pop("TRITON_CACHE_AUTOTUNING", None)
-            cache = Path(env["TRITON_CACHE_DIR"])
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.pool = WorkerPool(launcher=self.launcher, op=self.op, trees=self.trees, run_dir=self.run_dir,
+                                   hello_timeout=self.cfg.worker_timeout, import_mode=self.cfg.import_mode)
+            stack.callback(self.pool.close)
             if self.cancel is not None:
                 stack.enter_context(self._killed_on_cancel())
-            self.pool = stack.enter_context(WorkerPool(
-                python=self.python, op=self.op, device=self.cfg.device, trees=trees,
-                registry=base_tree / self.registry_rel, run_dir=self.run_dir, env=env,
-                setup_timeout=self.cfg.setup_timeout, use_forkserver=self.cfg.forkserver,
-                preload_file=forkservers.preload_file(self.python, self.op, self.cfg.import_mode), gpu=self.gpu,
-                import_mode=self.cfg.import_mode))
             # Every pair the run is known to need, started now: the imports overlap. Importing
             # compiles nothing, so the measuring pairs stay processes that did nothing but import.
-            self.pool.prestart("warmup", self._order(0))
+            self.pool.prestart("warmup", self.order(0))
             for rnd in range(max(1, self.cfg.rounds)):
-                self.pool.prestart(f"round{rnd + 1}", self._order(rnd))
+                self.pool.prestart(f"round{rnd + 1}", self.order(rnd))
             if self.cfg.import_mode == "lean":
                 # the real import of both trees, beside the run: its numeric settings must be the
                 # lean processes' (checked after round 1, when it has long finished importing)
-                self.pool.prestart("reference", self._order(0), import_mode="full")
-            self._mark("workers started")
+                self.pool.prestart("reference", self.order(0), import_mode="full")
+            self.mark("workers started")
             planned, rnd = max(1, self.cfg.rounds), 0
             while rnd < planned:
                 self.round = rnd
@@ -151,48 +180,48 @@ class Session(WarmUp, Sampling):
                 if rnd:
                     self.on_event("round", round=rnd + 1, rounds=planned, cells=len(todo))
                     self._take(f"round{rnd + 1}")
-                    self._mark(f"round {rnd + 1}: workers ready")
+                    self.mark(f"round {rnd + 1}: workers ready")
                 else:
                     self._take("warmup")
-                    self._mark("warm-up: workers ready")
-                    hello = self.workers["base"].hello
-                    self.clocks = Clocks(hello.get("device_uuid"))
-                    self.env_info = fingerprint(hello, self.clocks)
-                    self.env_info["forkserver"] = self.pool.forkserver
-                    if hello.get("device") != "cuda":
-                        self.transfer = {"how": "file", "why": "no GPU: CUDA IPC needs one"}
-                    self.env_info["idle"] = idle_evidence(self.clocks, own_pids=self.pool.pids())
-                    entries = _cache_entries(cache)
-                    self._warm_all()
-                    self._mark("warm-up done")
-                    self._fresh_pair(_cache_entries(cache) - entries)
+                    self.mark("warm-up: workers ready")
+                    self._fingerprint(self.workers["base"].hello)
+                    entries = cache_entries(self.triton_cache)
+                    warmup.warm_all(self)
+                    self.mark("warm-up done")
+                    self._fresh_pair(cache_entries(self.triton_cache) - entries)
                     todo = self._round_cells(0)
                 for res in todo:
-                    if self._blocked_run():
+                    if self.blocked_run():
                         break
-                    self._measure(res)
-                    self._mark(f"round {rnd + 1}: {res.cell.id} measured")
-                self._close_workers()
+                    sampling.measure_cell(self, res)
+                    self.mark(f"round {rnd + 1}: {res.cell.id} measured")
+                self.close_workers()
                 if rnd == 0 and self.cfg.import_mode == "lean":
                     self._check_lean_import()
                 rnd += 1
-                if rnd == planned and planned < self.cfg.max_rounds and not self._blocked_run():
-                    self.contested = [r.cell.id for r in self.results
-                                      if r.status == "ok" and round_estimates(r, self.cfg.seed)[1]]
-                    if self.contested:
+                if rnd == planned and planned < self.cfg.max_rounds and not self.blocked_run():
+                    self.out.contested = [r.cell.id for r in self.results
+                                          if r.status == "ok" and round_estimates(r, self.cfg.seed)[1]]
+                    if self.out.contested:
                         planned = min(self.cfg.max_rounds, planned + 2)
-            blocked = self._blocked_run()
+            blocked = self.blocked_run()
             for res in self.results:
                 if blocked and res.status in ("pending", "ok") and not res.kept:
-                    rules = sorted({f["rule"] for f in self.run_findings if f.get("blocking")})
+                    rules = sorted({f.rule for f in self.out.run_findings if f.blocking})
                     res.status, res.reason = "blocked", f"guard: {', '.join(rules)} (run stopped)"
                 elif res.status == "ok" and len(res.kept) < 6:
                     res.status = "failed"
                     res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
-        if self.pool is not None and self.env_info:
-            self.env_info["forkserver"] = self.pool.forkserver  # as it stands after the pool closed
-        self._mark("done")
+        self.mark("done")
         self.on_event("done")
+
+    def _fingerprint(self, hello: dict) -> None:
+        self.clocks = Clocks(hello.get("device_uuid"))
+        self.out.env = fingerprint(hello, self.clocks)
+        self.out.env["forkserver"] = self.launcher.describe()
+        if hello.get("device") != "cuda":
+            self.out.transfer = {"how": "file", "why": "no GPU: CUDA IPC needs one"}
+        self.out.env["idle"] = idle_evidence(self.clocks, own_pids=self.pool.pids())
 
     @contextmanager
     def _killed_on_cancel(self):
@@ -203,8 +232,7 @@ class Session(WarmUp, Sampling):
             while not done.wait(0.2):
                 if self.cancel.is_set():
                     if self.pool is not None:
-                        for w in list(self.pool.started):
-                            w.proc.kill()
+                        self.pool.kill_all()
                     return
 
         t = threading.Thread(target=watch, name="flaloop-cancel-watch", daemon=True)
@@ -215,17 +243,17 @@ class Session(WarmUp, Sampling):
             done.set()
             t.join(timeout=5)
 
-    def _check_cancel(self) -> None:
+    def check_cancel(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled("the run was withdrawn")
 
     def _take(self, label: str) -> None:
-        self.workers, hellos = self.pool.take(label, self._order())
-        self.hellos.append({side: hellos[side] for side in self._order()})
+        self.workers, hellos = self.pool.take(label, self.order())
+        self.out.hellos.append({side: hellos[side] for side in self.order()})
         for side, h in hellos.items():
             self._note_integrity(side, h)
 
-    def _close_workers(self) -> None:
+    def close_workers(self) -> None:
         for w in self.workers.values():
             w.close()
 
@@ -236,46 +264,42 @@ class Session(WarmUp, Sampling):
         being timed while the reference processes use the GPU."""
         compared = None
         try:
-            pair, hellos = self.pool.take("reference", self._order(0))
+            pair, hellos = self.pool.take("reference", self.order(0))
             try:
-                measured = self.hellos[0] if self.hellos else self.warmup_hellos  # none measured: the warm-up's
+                measured = self.out.hellos[0] if self.out.hellos else self.out.warmup_hellos
                 lean = {side: h.get("numeric_at_import") or {} for side, h in measured.items()}
                 full = {side: h.get("numeric_at_import") or {} for side, h in hellos.items()}
                 found = dynamic.lean_import(lean, full)
                 res = next((r for r in self.results if r.status == "ok" and r.probes), None)
                 if res is not None:
                     compared = res.cell.id
-                    wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, res.k,
-                                            "eager" if res.timer == "cuda_eager" else "auto", self.cfg.min_sample_ms)
+                    wire = res.cell.to_wire(self.cfg, res.k, "eager" if res.timer == "cuda_eager" else "auto")
                     for side, w in pair.items():
-                        if not w.request("setup", self.cfg.setup_timeout, cell=wire).get("ok"):
+                        if not w.request("setup", self.cfg.worker_timeout, cell=wire).get("ok"):
                             raise WorkerFailed(side, f"could not set up {res.cell.id} with the real import", "")
-                        real = w.request("probe", self.cfg.setup_timeout, cell=res.cell.id)
+                        real = w.request("probe", self.cfg.worker_timeout, cell=res.cell.id)
                         found += dynamic.lean_kernels(side, res.cell.id, (res.probes.get(side) or {}).get("census"),
-                                                           ((real.get("probes") or {}).get("census")))
+                                                      ((real.get("probes") or {}).get("census")))
             finally:
                 WorkerPool.close_pair(pair)
         except (MeasurementError, WorkerFailed) as exc:  # the real import is broken: nothing to vouch for lean
             found = [dynamic.finding("lean-import-differs", f"the real import failed: {exc.message}", side=None)]
             hellos = {}
-        self.lean_check = {"reference_pids": {s: h.get("pid") for s, h in hellos.items()},
-                           "kernels_compared_on": compared, "differs": [f.message for f in found]}
-        known = {f["message"] for f in self.run_findings}
-        for f in apply_allowances(found, self.allowed):
-            if f.message not in known:
-                self.run_findings.append(f.to_dict())
-        self._mark("lean import checked against the real one")
+        self.out.lean_check = {"reference_pids": {s: h.get("pid") for s, h in hellos.items()},
+                               "kernels_compared_on": compared, "differs": [f.message for f in found]}
+        self._add_run_findings(apply_allowances(found, self.allowed))
+        self.mark("lean import checked against the real one")
 
-    def _restart(self, why: str) -> bool:
+    def restart(self, why: str) -> bool:
         """A fresh pair for this round after a crash, a hang or a broken CUDA context; False when
         the budget is spent."""
         self.broken = None
-        self._close_workers()
-        if self.restarts >= MAX_RESTARTS:
-            self.errors.append(f"no fresh workers after {self.restarts} restarts: {why}")
+        self.close_workers()
+        if self.out.restarts >= MAX_RESTARTS:
+            self.out.errors.append(f"no fresh workers after {self.out.restarts} restarts: {why}")
             return False
-        self.restarts += 1
-        self._take(f"round{self.round + 1}-restart{self.restarts}")
+        self.out.restarts += 1
+        self._take(f"round{self.round + 1}-restart{self.out.restarts}")
         return True
 
     def _round_cells(self, rnd: int) -> list[CellResult]:
@@ -285,7 +309,7 @@ class Session(WarmUp, Sampling):
         ok = [r for r in self.results if r.status == "ok"]
         if rnd < max(1, self.cfg.rounds):
             return ok
-        return [r for r in ok if r.cell.id in self.contested]
+        return [r for r in ok if r.cell.id in self.out.contested]
 
     def _fresh_pair(self, new_entries: int) -> None:
         """Round 1 is measured by a fresh pair, like every later round: the warm-up pair is closed.
@@ -299,26 +323,28 @@ class Session(WarmUp, Sampling):
         from the cache. When the warm-up compiled or tuned (`new_entries`), the first side of the
         fresh pair to set up a cell also calibrates k afresh.
         """
-        self.warmup = {side: w.hello.get("pid") for side, w in self.workers.items()}
-        self.warmup_hellos = self.hellos.pop()
-        self._close_workers()
-        if self._blocked_run() or not any(r.status == "pending" for r in self.results):
+        self.out.warmup = {side: w.hello.get("pid") for side, w in self.workers.items()}
+        self.out.warmup_hellos = self.out.hellos.pop()
+        self.close_workers()
+        if self.blocked_run() or not any(r.status == "pending" for r in self.results):
             self.pool.drop("round1")
             self.workers = {}
             return
         if new_entries > 0:
             self.on_event("prime", new_entries=new_entries)
-            self.primed = {"new_cache_entries": new_entries, "discarded": dict(self.warmup)}
+            self.out.primed = {"new_cache_entries": new_entries, "discarded": dict(self.out.warmup)}
         self._take("round1")
-        self._mark("round 1: workers ready")
+        self.mark("round 1: workers ready")
 
-    def _ask(self, side: str, cmd: str, timeout: float, **payload) -> dict:
-        return self._ask_both(cmd, timeout, {side: payload})[side]
+    # -- talking to the pair --
 
-    def _ask_both(self, cmd: str, timeout: float, payloads: dict[str, dict]) -> dict[str, dict]:
+    def ask(self, side: str, cmd: str, timeout: float, **payload) -> dict:
+        return self.ask_both(cmd, timeout, {side: payload})[side]
+
+    def ask_both(self, cmd: str, timeout: float, payloads: dict[str, dict]) -> dict[str, dict]:
         """The same command to each side named, all at once; every answer is awaited (so that no
         reply is left behind in a pipe) before the first failure is raised."""
-        self._check_cancel()
+        self.check_cancel()
         t0 = time.monotonic()
         replies, failed = {}, None
         sent = []
@@ -333,9 +359,9 @@ class Session(WarmUp, Sampling):
                 replies[side] = self.workers[side].receive(cmd, timeout)
             except WorkerFailed as exc:
                 failed = failed or exc
-        self.waited[cmd] = self.waited.get(cmd, 0.0) + time.monotonic() - t0
+        self.out.waited[cmd] = self.out.waited.get(cmd, 0.0) + time.monotonic() - t0
         if failed is not None:
-            self._check_cancel()  # killed because the run was withdrawn: not a crash
+            self.check_cancel()  # killed because the run was withdrawn: not a crash
             raise failed
         for side, reply in replies.items():
             self._note_integrity(side, reply)
@@ -343,38 +369,42 @@ class Session(WarmUp, Sampling):
 
     def _note_integrity(self, side: str, reply: dict) -> None:
         """Violations of the timing-path watch ride on every reply; a candidate-only one blocks the run."""
-        new = [v for v in reply.get("integrity") or [] if v not in self.integrity[side]]
+        seen = self.out.integrity
+        new = [v for v in reply.get("integrity") or [] if v not in seen[side]]
         if not new:
             return
-        self.integrity[side].extend(new)
-        found = dynamic.integrity(self.integrity["base"], self.integrity["cand"], aa=self.cfg.aa)
-        known = {f["message"] for f in self.run_findings}
-        for f in apply_allowances(found, self.allowed):
-            if f.message not in known:
-                self.run_findings.append(f.to_dict())
+        seen[side].extend(new)
+        found = dynamic.integrity(seen["base"], seen["cand"], aa=self.cfg.aa)
+        self._add_run_findings(apply_allowances(found, self.allowed))
 
-    def _blocked_run(self) -> bool:
-        return any(f.get("blocking") for f in self.run_findings)
+    def _add_run_findings(self, found: list[Finding]) -> None:
+        known = {f.message for f in self.out.run_findings}
+        self.out.run_findings += [f for f in found if f.message not in known]
+
+    def blocked_run(self) -> bool:
+        return any(f.blocking for f in self.out.run_findings)
+
+    def clock(self) -> ClockReading | None:
+        return self.clocks.read() if self.clocks else None
 
     # -- helpers of both phases (the warm-up: bench/warmup.py; the sampling: bench/sampling.py) --
 
-    def _setup(self, res: CellResult, side: str, k: int | None, timer: str, placements: int = 1) -> dict:
-        wire = res.cell.to_wire(self.cfg.seed, self.cfg.overrides, k, timer, self.cfg.min_sample_ms, placements)
-        return self._ask(side, "setup", self.cfg.setup_timeout, cell=wire)
+    def setup(self, res: CellResult, side: str, k: int | None, timer: str, placements: int = 1) -> dict:
+        return self.ask(side, "setup", self.cfg.worker_timeout, cell=res.cell.to_wire(self.cfg, k, timer, placements))
 
-    def _cell_failed(self, res: CellResult, exc: WorkerFailed) -> None:
-        self.errors.append(f"{res.cell.id}: {exc.message}\n{exc.stderr[-3000:]}")
+    def cell_failed(self, res: CellResult, exc: WorkerFailed) -> None:
+        self.out.errors.append(f"{res.cell.id}: {exc.message}\n{exc.stderr[-3000:]}")
         res.status, res.reason = "failed", f"{exc.side} worker: {exc.message}"
         res.setup[f"{exc.side}_stderr"] = exc.stderr[-3000:]
 
-    def _release(self, res: CellResult) -> None:
+    def release(self, res: CellResult) -> None:
         """Free a cell's tensors and graphs on both sides (not on the way out of an interrupt:
         a busy worker would keep us waiting, and close() kills it anyway)."""
         live = {side: {"cell": res.cell.id} for side, w in self.workers.items() if not w.dead}
         if live:
-            self._ask_both("release", 120, live)
+            self.ask_both("release", 120, live)
 
-    def _fail(self, res: CellResult, side: str, reply: dict) -> None:
+    def fail(self, res: CellResult, side: str, reply: dict) -> None:
         error = str(reply.get("error", "unknown error"))
         if error.startswith("skip:"):
             res.status, res.reason = "skipped", error[5:].strip()
@@ -383,7 +413,6 @@ class Session(WarmUp, Sampling):
             res.setup[f"{side}_traceback"] = reply.get("traceback", "")[-4000:]
             if any(s in error for s in STICKY_CUDA):
                 self.broken = f"the {side} worker's CUDA context is broken ({error[:200]})"
-                self.errors.append(f"{res.cell.id}: {self.broken}")
+                self.out.errors.append(f"{res.cell.id}: {self.broken}")
 
 
-__all__ = ["BenchConfig", "MeasurementError", "Session"]

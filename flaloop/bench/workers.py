@@ -1,38 +1,22 @@
-"""Worker processes seen from the orchestrator: how they come to exist and how we talk to them.
+"""A worker process seen from the orchestrator: a conversation in JSON lines over its pipes.
 
-A `WorkerClient` speaks JSON lines over pipes (flaloop/bench/worker/protocol.py). It runs either as a
-plain subprocess of the target's interpreter, or as a child forked by a warm fork server that
-imported torch and the target's third-party libraries once (bench/forkservers.py): with FLA
-that turns a 16-19 s import per process into the import of FLA's own modules. The fork server
-is an optimisation only: when none is warm, or a forked child cannot use the GPU, the session
-spawns plain subprocesses and says so in the run record.
-
-Every worker is the leader of its own process group, dies with its parent (parent-death signal
-for spawned ones, a watchdog thread in the worker for all), and is killed group-wide on close
+The process itself comes from a launcher (bench/launcher.py: spawned, or forked by a warm fork
+server); a `WorkerClient` only talks to it (flaloop/bench/worker/protocol.py) and ends it. Every
+worker is the leader of its own process group, dies with its parent (parent-death signal for
+spawned ones, a watchdog thread in the worker for all), and is killed group-wide on close
 (flaloop/procs.py). Its stderr is a bounded log (procs.CappedLog).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import queue
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from flaloop import procs
 from flaloop.errors import MeasurementError
-from flaloop.procs import kill_group
-
-if TYPE_CHECKING:
-    from flaloop.bench.forkservers import ForkServer
-
-WORKER = Path(__file__).parent / "worker" / "__main__.py"
 
 
 class WorkerFailed(MeasurementError):
@@ -43,95 +27,24 @@ class WorkerFailed(MeasurementError):
         self.side, self.stderr = side, stderr
 
 
-class SpawnedProc:
-    """A worker started with Popen (its own session, killed if we die)."""
-
-    def __init__(self, argv: list[str], cwd: Path, env: dict | None, log) -> None:
-        self.p = procs.spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                             bufsize=1, cwd=cwd, env=env)
-        self.pid, self.stdin, self.stdout = self.p.pid, self.p.stdin, self.p.stdout
-
-    def poll(self) -> int | None:
-        return self.p.poll()
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self) -> None:
-        kill_group(self.pid, lambda: self.p.poll() is None, lambda t: self.wait(t) is not None)
-
-
-class ForkedProc:
-    """A worker forked by the fork server (not our child: watched through /proc)."""
-
-    # A process whose main thread has exited shows as a zombie while its other threads (torch's
-    # pool) are still being torn down, and its parent cannot reap it until they are gone: the
-    # server then has no status yet. Asked again for this long before the status counts as lost.
-    REAP_GRACE_S = 2.0
-
-    def __init__(self, server: ForkServer, pid: int, stdin, stdout) -> None:
-        self.server, self.pid, self.stdin, self.stdout = server, pid, stdin, stdout
-        self._code: int | None = None
-        self._gone_at: float | None = None
-
-    def poll(self) -> int | None:
-        if self._code is None and not procs.running(self.pid):
-            self._code = self.server.returncode(self.pid)
-            if self._code is None:
-                now = time.monotonic()
-                self._gone_at = self._gone_at or now
-                if now - self._gone_at >= self.REAP_GRACE_S:
-                    self._code = -1  # gone, and the server never reported its status
-        return self._code
-
-    def wait(self, timeout: float) -> int | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.poll() is not None:
-                return self._code
-            time.sleep(0.05)
-        return None
-
-    def kill(self) -> None:
-        kill_group(self.pid, lambda: self.poll() is None, lambda t: self.wait(t) is not None)
-        for f in (self.stdin, self.stdout):
-            with contextlib.suppress(OSError):
-                f.close()
-
-
 class WorkerClient:
-    """One long-lived worker process speaking JSON lines over pipes."""
+    """One long-lived worker process speaking JSON lines over pipes.
 
-    def __init__(self, side: str, python: str, tree: Path, registry: Path, op: str, device: str,
-                 log_path: Path, env: dict[str, str] | None = None, server: ForkServer | None = None,
-                 env_extra: dict[str, str] | None = None, import_mode: str = "full"):
-        self.side, self.tree, self.log_path = side, tree, log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = procs.CappedLog(log_path)  # a chatty op cannot fill the disk
-        args = ["--tree", str(tree), "--registry", str(registry), "--op", op, "--side", side,
-                "--workdir", str(log_path.parent)]
-        if device != "auto":
-            args += ["--device", device]
-        if import_mode != "full":
-            args += ["--import-mode", import_mode]
-        self.forked = server is not None
-        try:
-            if server is not None:
-                self.proc = server.spawn(args, tree, {**(env or os.environ), **(env_extra or {})}, self._log)
-            else:
-                self.proc = SpawnedProc([python, "-u", str(WORKER), *args], tree,
-                                        {**(env or {}), **(env_extra or {})} if env is not None else None, self._log)
-        except BaseException:
-            self._log.close()
-            raise
-        self._log.started()  # the child holds the log's write end now
+    `proc` has `pid`, `stdin`, `stdout`, `poll()`, `wait(timeout)` and `kill()`
+    (launcher.SpawnedProc or launcher.ForkedProc); `log` is its stderr (procs.CappedLog)."""
+
+    def __init__(self, side: str, tree: Path, proc, log, forked: bool = False):
+        self.side, self.tree, self.proc, self._log = side, tree, proc, log
+        self.log_path = Path(log.path) if hasattr(log, "path") else None
+        self.forked = forked
         self._replies: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self.dead = False
         self.hello: dict = {}
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def _pump(self) -> None:
         try:
@@ -182,6 +95,10 @@ class WorkerClient:
 
     def _die(self) -> None:
         self.dead = True
+        self.proc.kill()
+
+    def kill(self) -> None:
+        """End it now (a withdrawn run); the next request fails as `WorkerFailed`."""
         self.proc.kill()
 
     def close(self) -> None:

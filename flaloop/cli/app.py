@@ -191,6 +191,43 @@ def with_options(*groups: type) -> Callable[[Callable], Callable]:
     return decorate
 
 
+def config_options(name: str, config: type, extra: list[tuple[str, Any, Any]] | None = None,
+                   namespace: dict | None = None) -> type:
+    """An option group generated from a config dataclass (bench/model.BenchConfig): one option per
+    field whose metadata says `cli`, spelled, typed and defaulted as the field declares (see
+    bench/model.opt), so that an option is declared once. `extra` adds fields of the group's own
+    ((name, annotation, default)); `namespace` its methods. A field the contract defaults
+    (`from_contract`) is None (or off) unless given."""
+    specs = []
+    for f in dataclasses.fields(config):
+        meta = f.metadata
+        if not meta.get("cli", False):
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        flags = tuple(meta.get("flags") or ()) or ("--" + f.name.replace("_", "-"),)
+        help_ = meta.get("help", "")
+        if meta.get("choices") and meta.get("kind") != "csv":
+            help_ += f" One of: {', '.join(meta['choices'])}."
+        if isinstance(default, bool):
+            spelled = flags if not default else (f"{flags[0]}/--no-{flags[0][2:]}", *flags[1:])
+            typ, value = bool, default
+        elif meta.get("kind") == "csv":
+            typ, value, spelled = str | None, None, flags
+        elif meta.get("kind") == "assign":
+            typ, value, spelled = list[str] | None, None, flags
+        elif meta.get("unit") == "percent":
+            typ, value, spelled = float, round(default * 100, 6), flags
+        else:
+            typ, value, spelled = type(default), default, flags
+        if meta.get("from_contract") and not isinstance(default, bool):
+            value = None
+        specs.append((f.name, Annotated[typ, typer.Option(*spelled, help=help_, show_default=value is not None)],
+                      dataclasses.field(default=value)))
+    for fname, annotation, default in extra or []:
+        specs.append((fname, annotation, dataclasses.field(default=default)))
+    return dataclasses.make_dataclass(name, specs, namespace=namespace or {})
+
+
 def _slot(group: type) -> str:
     name = group.__name__
     return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flaloop import git, workspace
+from flaloop.bench.record import RunRecord
 from flaloop.cli.app import (
     JsonOpt,
     LockOptions,
@@ -80,7 +81,7 @@ def _hooks(target: Target, c: Contract, bench_opts: BenchOptions, gate_opts: Gat
         print_gate(result, console)
         return result
 
-    def bench(base_commit: str, aa: bool, gate: dict | None) -> dict:
+    def bench(base_commit: str, aa: bool, gate: dict | None) -> RunRecord:
         opts = dataclasses.replace(bench_opts, base=base_commit)
         what = "A/A: the base against itself" if aa else f"the working tree against {base_commit[:12]}"
         console.print(f"[bold]bench[/]: {escape(what)}", markup=True)
@@ -342,28 +343,28 @@ def dispatch_cmd(
         with progress_bar(console) as bar:
             record = run_bench_with_progress(target, c, opts, opts.config(c), bar, gate=None)
         print_bench(record, console)
-        cmp = rules.compare(record, ws.rel(record.get("path")))
+        cmp = rules.compare(record, ws.rel(record.path))
         if cmp["blocked"]:
             raise GateRed("a bench cell of the bucket was blocked (base and candidate disagree): no row written",
                           "fix the specialized path; `flaloop gate` and `flaloop bench` show the cells")
         if not cmp["complete"]:
             raise MeasurementError("the bucket could not be measured on every cell: no row written",
-                                   f"see {record.get('path')}")
+                                   f"see {record.path}")
         if cmp["verdict"] != "FASTER":
             g = cmp["geomean"]
             raise RuleRefused(f"the bucket is {g['speedup']:.4f}x [{g['ci_low']:.4f}, {g['ci_high']:.4f}] "
                               f"{cmp['verdict']} vs the base: a specialization must be measurably faster to "
-                              f"earn a row", f"the measurement is kept in {record.get('path')}")
+                              f"earn a row", f"the measurement is kept in {record.path}")
         best = rules.best(iters)
-        clean = not record["candidate"].get("dirty")
-        same = best.iter if best.status == "keep" and clean and git.same_tree(
-            target.root, record["candidate"]["head"], best.commit) else None
+        cand = record.candidate
+        same = best.iter if best.status == "keep" and not cand.dirty and git.same_tree(
+            target.root, cand.head or cand.commit, best.commit) else None
         rows = ws.dispatch_rows()
         row = DispatchRow(
             n=max((r.n for r in rows), default=0) + 1, condition=cond.text, entry=entry, why=(why or "").strip(),
             shapes=shapes, vs_base=cmp, latency=[{"id": x["id"], "base_ms": x["base_ms"], "cand_ms": x["cand_ms"]}
                                                  for x in cmp["cells"]],
-            tree={k: record["candidate"].get(k) for k in ("head", "dirty", "diff_hash")},
+            tree={"head": cand.head, "dirty": cand.dirty, "diff_hash": cand.diff_hash},
             after_iter=max(i.iter for i in iters), created=now_iso(), same_as_iter=same)
         ws.save_dispatch(row)
         iteration.render(ws, c)

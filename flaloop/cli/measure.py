@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -17,7 +18,9 @@ from flaloop import contract as contract_mod
 from flaloop import evidence
 from flaloop import gate as gate_mod
 from flaloop.bench import record as record_mod
-from flaloop.bench.model import BenchConfig
+from flaloop.bench import run as run_mod
+from flaloop.bench.model import QUICK, BenchConfig
+from flaloop.bench.record import RunRecord
 from flaloop.bench.session import Cancelled
 from flaloop.cli import fla_compat
 from flaloop.cli.app import (
@@ -27,6 +30,7 @@ from flaloop.cli.app import (
     RepoOpt,
     app,
     command,
+    config_options,
     emit_json,
     human,
     out,
@@ -54,88 +58,42 @@ class GateOptions:
         return parse_gpus(self.gpus)
 
 
-@dataclass
-class BenchOptions:
-    base: Annotated[str | None, typer.Option("--base", help="Base git ref (default: the contract's base).")] = None
-    shapes: Annotated[list[str] | None, typer.Option("--shapes", help="Shape names (default: the contract's).")] = None
-    modes: Annotated[str | None, typer.Option("--modes", help="fwd,fwdbwd (default: the contract's).")] = None
-    varlen: Annotated[bool, typer.Option("--varlen", help="Add packed cu_seqlens cells.")] = False
-    min_pairs: Annotated[int, typer.Option(help="Pairs before the stopping rule may stop.")] = 16
-    max_pairs: Annotated[int, typer.Option(help="Most pairs per cell.")] = 400
-    cell_seconds: Annotated[float, typer.Option(help="Time cap per cell.")] = 60.0
-    half_width: Annotated[float, typer.Option(help="Stop at this CI half-width, percent.")] = 0.25
-    margin: Annotated[float, typer.Option(help="SAME margin, percent.")] = 0.5
-    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto"
-    dtype: Annotated[str, typer.Option(help="Input dtype.")] = "bfloat16"
-    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override a transform: k=l2norm.")] = None
-    diff_tol: Annotated[float, typer.Option(
-        help="Relative RMS error allowed between base and candidate.")] = 0.005
-    worker_timeout: Annotated[float, typer.Option(
-        help="Seconds a worker may take to answer (compile included).")] = 1800.0
-    sample_ms: Annotated[float, typer.Option(help="Calibrate k so one timed sample lasts this long.")] = 10.0
-    independent_tuning: Annotated[bool, typer.Option(
-        "--independent-tuning",
-        help="Let each side autotune on its own, even kernels whose source is unchanged "
-             "(default: tuned once, shared).")] = False
-    rounds: Annotated[int, typer.Option(
-        "--rounds",
-        help="Fresh worker processes this many times, start order swapped each round; a FASTER/SLOWER "
-             "verdict needs every round's estimate on its side of the margin.")] = 2
-    max_rounds: Annotated[int, typer.Option(
-        "--max-rounds",
-        help="Cells whose rounds still disagree get two more rounds at a time, up to this many in all "
-             "(at most --rounds: none); each extra round may take a round's share of --cell-seconds.")] = 4
-    placements: Annotated[int, typer.Option(
-        "--placements",
-        help="Build each cell this many times in every measuring worker (own inputs and graph memory) and "
-             "rotate the pairs over them: where a cell's memory lands moves its time (1: off).")] = 4
-    quick: Annotated[bool, typer.Option(
+def _shape_list(self) -> list[str] | None:
+    return [s for item in (self.shapes or []) for s in item.split(",") if s] or None
+
+
+def _config(self, c: contract_mod.Contract, aa: bool = False) -> BenchConfig:
+    """The BenchConfig these options ask for: fields by their own names, percent back to fractions,
+    the contract's modes and varlen where none were given, --quick's preset over it all."""
+    values: dict = {}
+    for f in dataclasses.fields(BenchConfig):
+        if not f.metadata.get("cli"):
+            continue
+        value = getattr(self, f.name)
+        kind = f.metadata.get("kind")
+        if f.metadata.get("unit") == "percent":
+            value = value / 100
+        elif kind == "csv":
+            value = [m for m in value.split(",") if m] if value is not None else list(getattr(c, f.name))
+        elif kind == "assign":
+            value = contract_mod.parse_overrides(value or [])
+        elif f.metadata.get("from_contract"):
+            value = bool(value) or bool(getattr(c, f.name))
+        values[f.name] = value
+    return BenchConfig(**{**values, "aa": aa, **(QUICK if self.quick else {})}).check()
+
+
+# The bench's options: one per BenchConfig field it declares for the command line, generated from
+# it (bench/model.py holds each default and help text), plus what picks the cells and the base.
+BenchOptions = config_options("BenchOptions", BenchConfig, extra=[
+    ("base", Annotated[str | None, typer.Option("--base", help="Base git ref (default: the contract's base).")], None),
+    ("shapes", Annotated[list[str] | None, typer.Option("--shapes", help="Shape names (default: the contract's).")],
+     None),
+    ("quick", Annotated[bool, typer.Option(
         "--quick", help="A quick signal: the contract's target shapes, one round, a wide stopping rule "
-                        "(1% half-width, 6-40 pairs, 10 s a cell); labelled SIGNAL everywhere, never a promotion.")] = False
-    no_probes: Annotated[bool, typer.Option(
-        "--no-probes", help="Skip the guard's dynamic probes (to measure their cost; the result is then unguarded).")] = False
-    import_mode: Annotated[str, typer.Option(
-        "--import", help="full (default): import the op as users do; lean: the tree's packages run their "
-                         "__init__ only when asked for a name (faster starts; a real import beside the run "
-                         "must show the same numeric settings, else the run is blocked).")] = "full"
-    forkserver: Annotated[bool, typer.Option(
-        "--forkserver/--no-forkserver",
-        help="Fork the workers from a warm server that imported the target's third-party libraries once; a "
-             "run that finds none spawns them and leaves one (idle exit after FLALOOP_FORKSERVER_IDLE_S, "
-             "default 1200 s; `flaloop clean` stops it).")] = True
-
-    def shape_list(self) -> list[str] | None:
-        return [s for item in (self.shapes or []) for s in item.split(",") if s] or None
-
-    def config(self, c: contract_mod.Contract, aa: bool = False) -> BenchConfig:
-        if self.device not in ("auto", "cuda", "cpu"):
-            raise UsageError(f"--device {self.device!r} is not one of auto, cuda, cpu")
-        if self.dtype not in ("bfloat16", "float16", "float32"):
-            raise UsageError(f"--dtype {self.dtype!r} is not one of bfloat16, float16, float32")
-        if self.rounds < 1:
-            raise UsageError(f"--rounds {self.rounds}: need at least 1 (2 or more let a per-process effect show)")
-        if self.max_rounds < 0:
-            raise UsageError(f"--max-rounds {self.max_rounds}: need 0 or more (at most --rounds: no extra rounds)")
-        if self.placements < 1:
-            raise UsageError(f"--placements {self.placements}: need at least 1 (1 builds each cell once)")
-        if self.import_mode not in ("full", "lean"):
-            raise UsageError(f"--import {self.import_mode!r} is not one of full, lean")
-        if self.min_pairs < 2 or self.max_pairs < self.min_pairs:
-            raise UsageError(f"--min-pairs {self.min_pairs} / --max-pairs {self.max_pairs}: "
-                             "need 2 <= min-pairs <= max-pairs")
-        quick = dict(rounds=1, max_rounds=1, min_pairs=6, max_pairs=40, half_width=0.01, cell_seconds=10.0,
-                     signal=True) if self.quick else {}
-        return BenchConfig(**{**dict(
-            min_sample_ms=self.sample_ms, setup_timeout=self.worker_timeout,
-            sample_timeout=min(self.worker_timeout, 300.0),
-            modes=[m for m in (self.modes.split(",") if self.modes else c.modes) if m], aa=aa,
-            varlen=self.varlen or c.varlen, min_pairs=self.min_pairs, max_pairs=self.max_pairs,
-            cell_seconds=self.cell_seconds, half_width=self.half_width / 100, margin=self.margin / 100,
-            device=self.device, dtype=self.dtype, diff_tol=self.diff_tol,
-            shared_tuning=not self.independent_tuning, rounds=self.rounds,
-            max_rounds=max(self.rounds, self.max_rounds), probes=not self.no_probes, placements=self.placements,
-            forkserver=self.forkserver, import_mode=self.import_mode,
-            overrides=contract_mod.parse_overrides(self.inputs or [])), **quick})
+                        "(1% half-width, 6-40 pairs, 10 s a cell); labelled SIGNAL everywhere, never a promotion.")],
+     False),
+], namespace={"shape_list": _shape_list, "config": _config})
 
 
 def parse_gpus(gpus: str | None) -> list[str] | None:
@@ -216,35 +174,41 @@ def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float
 
 # -- bench and verify ---------------------------------------------------------------------------
 
-def run_bench_with_progress(target: Target, c, opts: BenchOptions, cfg: BenchConfig, bar, gate: dict | None,
-                            gpu: str | None = None, cancel: threading.Event | None = None) -> dict:
+def run_bench_with_progress(target: Target, c, opts, cfg: BenchConfig, bar, gate: dict | None,
+                            gpu: str | None = None, cancel: threading.Event | None = None) -> RunRecord:
     task = bar.add_task("bench: starting workers", total=None, last="")
+    return run_mod.bench(target, c, base_ref=opts.base, shapes=opts.shape_list(), cfg=cfg,
+                         on_event=bench_events(bar, task, cfg), gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]),
+                         gpu=gpu, cancel=cancel)
+
+
+def bench_events(bar, task, cfg: BenchConfig, prefix: str = "bench"):
+    """A session's events as a progress bar line."""
 
     def on_event(kind: str, **info) -> None:
         if kind == "warm":
-            bar.update(task, description="bench: warm-up, correctness, probes", completed=info["index"],
+            bar.update(task, description=f"{prefix}: warm-up, correctness, probes", completed=info["index"],
                        total=info["total"], last=info["cell"])
         elif kind == "round":
-            bar.update(task, description=f"bench: round {info['round']}/{info['rounds']}",
+            bar.update(task, description=f"{prefix}: round {info['round']}/{info['rounds']}",
                        completed=0, total=None, last=f"{info['cells']} cell(s)")
         elif kind == "prime":
-            bar.update(task, description="bench: fresh workers to measure (the warm-up compiled or tuned)",
+            bar.update(task, description=f"{prefix}: fresh workers to measure (the warm-up compiled or tuned)",
                        completed=0, total=None, last=f"{info['new_entries']} new cache entries")
         elif kind == "pair":
-            bar.update(task, description=f"bench: pairs {info['cell']}", completed=info["n"],
+            bar.update(task, description=f"{prefix}: pairs {info['cell']}", completed=info["n"],
                        total=cfg.max_pairs, last=f"{info['kept']} kept")
 
-    return record_mod.bench(target, c, base_ref=opts.base, shapes=opts.shape_list(), cfg=cfg, on_event=on_event,
-                            gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]), gpu=gpu, cancel=cancel)
+    return on_event
 
 
-def bench_exit(record: dict) -> int:
+def bench_exit(record: RunRecord) -> int:
     """1 when the guard or the differential check blocks, 3 when a cell or a worker failed (a crash,
     a hang, an OOM: the other cells keep their results), else 0."""
-    s = record.get("summary") or {}
-    if s.get("n_blocked") or (record.get("guard") or {}).get("blocked"):
+    s = record.summary
+    if s.n_blocked or record.guard.blocked:
         return 1
-    if record.get("errors") or s.get("n_failed") or not s.get("n_measured"):
+    if record.errors or s.n_failed or not s.n_measured:
         return 3
     return 0
 
@@ -266,14 +230,14 @@ def bench_cmd(
     with lock_options.hold(target, op, human(as_json), "bench"), progress_bar(human(as_json)) as bar:
         record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=None)
     if as_json:
-        emit_json({"ok": True, **record})
+        emit_json({"ok": True, **record.to_dict()})
     else:
         print_bench(record, out)
     raise typer.Exit(bench_exit(record))
 
 
 def _verify_side_by_side(target, c, k_expr, gate_options, bench_options, cfg, console, workers, gate_gpus,
-                         bench_gpu) -> tuple[gate_mod.GateResult, dict | None]:
+                         bench_gpu) -> tuple[gate_mod.GateResult, RunRecord | None]:
     """The gate on some GPUs and the bench on another at once; the bench is withdrawn if the gate is red."""
     cancel = threading.Event()
     box: dict = {}
@@ -364,15 +328,16 @@ def verify_cmd(
                 with progress_bar(console) as bar:
                     record = run_bench_with_progress(target, c, bench_options, cfg, bar, gate=gate_dict)
             else:
-                record["gate"], record["unverified"] = gate_dict, False
-                record_mod.write_record(Path(record["path"]).parent, record)
+                record.gate, record.unverified, record.last_gate = gate_dict, False, None
+                if record.path:
+                    record_mod.write(Path(record.path).parent, record)
         profile_doc = None
         if call.profile and bench_exit(record) == 0:
             from flaloop import profiling
 
             profile_doc = profiling.profile(target, c, mode=cfg.modes[0], command=" ".join(["flaloop", *sys.argv[1:]]))
         if as_json:
-            emit_json({"ok": True, "gate": gate_dict, "bench": record, "profile": profile_doc})
+            emit_json({"ok": True, "gate": gate_dict, "bench": record.to_dict(), "profile": profile_doc})
         else:
             print_bench(record, out)
             if profile_doc:

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flaloop import gate as gate_mod
+from flaloop.bench.record import RunRecord
 from flaloop.guard.findings import Finding
 
 
@@ -39,96 +40,99 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
         console.print(f"  log: {r.log_path}")
 
 
-def _fmt_floor(roof: dict | None) -> str:
+def _fmt_floor(roof) -> str:
     """The candidate's share of the roofline floor (100% = as fast as the device can go)."""
-    pct = (roof or {}).get("pct_of_floor_cand")
-    if pct is None:
+    if roof is None or roof.pct_of_floor_cand is None:
         return "-"
-    return f"{pct:.0f}%" + (" (>100%!)" if roof.get("above_100") else "")
+    return f"{roof.pct_of_floor_cand:.0f}%" + (" (>100%!)" if roof.above_100 else "")
 
 
-def _fmt_ms(summary: dict | None) -> str:
-    return "-" if not summary else f"{summary['median']:.4f}"
+def _fmt_ms(summary) -> str:
+    return "-" if summary is None else f"{summary.median:.4f}"
 
 
-def print_bench(record: dict, console: Console) -> None:
-    env = record.get("env") or {}
-    cand = record["candidate"]
-    dirty = f"+dirty:{cand['diff_hash']}" if cand.get("dirty") else ""
+def tree_label(t) -> str:
+    """A side of a measurement as a person names it: the ref, and the commit (HEAD + dirty for a snapshot)."""
+    if t.ref == "working tree":
+        return f"{(t.head or t.commit)[:12]}" + (f"+dirty:{t.diff_hash}" if t.dirty else "")
+    return f"{t.ref} ({t.commit[:12]})" if t.ref and not t.commit.startswith(t.ref) else t.commit[:12]
+
+
+def print_bench(record: RunRecord, console: Console) -> None:
+    env = record.env or {}
     parts = [env.get("device_name") or env.get("device") or "?"]
     parts += [f"{k} {env[key]}" for k, key in (("driver", "driver"), ("CUDA", "cuda"), ("torch", "torch"),
                                                ("triton", "triton")) if env.get(key)]
-    parts += [f"base {record['base']['commit'][:12]}", f"candidate {'A/A' if record['aa'] else cand['head'][:12] + dirty}"]
+    parts += [f"base {record.base.commit[:12]}", f"candidate {'A/A' if record.aa else tree_label(record.candidate)}"]
     console.print(" | ".join(parts))
     if env.get("nvml") not in (None, "ok", "no GPU"):
         console.print(f"[yellow]no clock evidence: {escape(str(env['nvml']))}[/]", markup=True)
-    last = record.get("last_gate")
-    if record.get("unverified") and last:
+    last = record.last_gate
+    if record.unverified and last:
         state = "GREEN" if last["green"] else "RED"
         scope = " (signal only, -k)" if last["signal_only"] else ""
         console.print(f"gate: not run by this command; the last gate of this exact tree state was {state}{scope} "
                       f"({last['started']})")
-    elif record.get("unverified"):
+    elif record.unverified:
         console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark "
                       "(`flaloop verify` runs the gate first)[/]", markup=True)
-    table = Table(title=f"{record['op']}: candidate vs base (device time per call, ms)")
+    table = Table(title=f"{record.op}: candidate vs base (device time per call, ms)")
     for col in ("shape", "mode", "timer", "base", "cand", "speedup", "95% CI", "verdict", "pairs", "eager base",
                 "eager cand", "% floor", "note"):
         table.add_column(col)
-    for cell in record["cells"]:
-        c, est, summ = cell["cell"], cell.get("estimate"), cell.get("summary") or {}
-        note = cell.get("reason", "")
-        if cell.get("launch_bound"):
+    for cell in record.cells:
+        c, est, summ = cell.cell, cell.estimate, cell.summary
+        note = cell.reason
+        if cell.launch_bound:
             note = (note + " launch-bound (host > device)").strip()
-        if cell.get("timer") == "cuda_eager":
+        if cell.timer == "cuda_eager":
             note = (note + " eager timing (no CUDA graph)").strip()
-        if cell.get("rounds_disagree"):
+        if cell.rounds_disagree:
             note = (note + " rounds differ beyond their CIs (" + ", ".join(
-                f"{r['speedup']:.4f}x" for r in cell.get("rounds") or []) + ")").strip()
-        if cell.get("tuning_differs"):
-            note = (note + f" autotune picked differently for {len(cell['tuning_differs'])} kernel key(s)").strip()
-        eager = summ.get("eager", {})
+                f"{r.speedup:.4f}x" for r in cell.rounds) + ")").strip()
+        if cell.tuning_differs:
+            note = (note + f" autotune picked differently for {len(cell.tuning_differs)} kernel key(s)").strip()
         table.add_row(
-            c["shape_name"], c["mode"], cell.get("timer") or "-", _fmt_ms(summ.get("base")), _fmt_ms(summ.get("cand")),
-            f"{est['speedup']:.4f}x" if est else "-",
-            f"[{est['ci_low']:.4f}, {est['ci_high']:.4f}]" if est else "-",
-            cell.get("verdict") or "-", f"{len(cell['pairs']) - cell['dropped_pairs']}/{len(cell['pairs'])}",
-            _fmt_ms(eager.get("base")), _fmt_ms(eager.get("cand")), _fmt_floor(cell.get("roofline")), note)
+            c.shape_name, c.mode, cell.timer or "-", _fmt_ms(summ.base), _fmt_ms(summ.cand),
+            f"{est.speedup:.4f}x" if est else "-",
+            f"[{est.ci_low:.4f}, {est.ci_high:.4f}]" if est else "-",
+            cell.verdict or "-", f"{len(cell.pairs) - cell.dropped_pairs}/{len(cell.pairs)}",
+            _fmt_ms(summ.eager.get("base")), _fmt_ms(summ.eager.get("cand")), _fmt_floor(cell.roofline), note)
     console.print(table)
-    s = record.get("summary") or {}
-    g = s.get("geomean")
+    s = record.summary
+    g = s.geomean
     if g:
-        console.print(f"geomean speedup {g['speedup']:.4f}x  95% CI [{g['ci_low']:.4f}, {g['ci_high']:.4f}]  "
-                      f"worst {g.get('worst_cell_id')} {g['worst_speedup']:.4f}x  regressions {g['n_regressions']}  "
-                      f"({s['n_measured']}/{s['n_cells']} cells measured)")
-    if record.get("primed"):
-        console.print(f"the warm-up compiled or tuned ({record['primed']['new_cache_entries']} new Triton cache "
+        console.print(f"geomean speedup {g.speedup:.4f}x  95% CI [{g.ci_low:.4f}, {g.ci_high:.4f}]  "
+                      f"worst {g.worst_cell_id} {g.worst_speedup:.4f}x  regressions {g.n_regressions}  "
+                      f"({s.n_measured}/{s.n_cells} cells measured)")
+    if record.primed:
+        console.print(f"the warm-up compiled or tuned ({record.primed['new_cache_entries']} new Triton cache "
                       "entries): k calibrated afresh by the measuring workers")
-    fs = (record.get("env") or {}).get("forkserver") or {}
+    fs = env.get("forkserver") or {}
     if fs.get("used"):
         console.print(f"workers forked from a warm fork server (pid {fs.get('pid')})")
     elif fs.get("left_warm"):
         console.print("workers spawned; a fork server is left warm for the next run (`flaloop clean` stops it)")
-    if record.get("contested"):
-        console.print(f"{len(record['contested'])} cell(s) whose rounds disagreed got extra rounds "
-                      f"({len(record.get('rounds') or [])} rounds in all): {', '.join(record['contested'])}")
-    differs = [(cell["cell"]["id"], d) for cell in record["cells"] for d in cell.get("tuning_differs") or []]
+    if record.contested:
+        console.print(f"{len(record.contested)} cell(s) whose rounds disagreed got extra rounds "
+                      f"({len(record.rounds)} rounds in all): {', '.join(record.contested)}")
+    differs = [(cell.id, d) for cell in record.cells for d in cell.tuning_differs]
     if differs:
-        how = ("tuning was shared, so these kernels differ in source between the sides, or their configs "
-               "carry pre-hooks, which Triton does not cache"
-               if (record.get("config") or {}).get("shared_tuning") else
-               "each side tuned on its own (--independent-tuning): part of a difference may be tuning noise")
+        how = ("each side tuned on its own (--independent-tuning): part of a difference may be tuning noise"
+               if record.config.independent_tuning else
+               "tuning was shared, so these kernels differ in source between the sides, or their configs "
+               "carry pre-hooks, which Triton does not cache")
         console.print(f"[yellow]autotune chose differently on the two sides ({how}):[/]", markup=True)
         for cid, d in differs[:20]:
             console.print(f"  {cid}: {escape(d)}", markup=True)
-    print_findings((record.get("guard") or {}).get("findings") or [], console)
-    if record.get("signal"):
+    print_findings(record.guard.findings, console)
+    if record.signal:
         console.print("[yellow]SIGNAL ONLY (--quick): one round, a wide stopping rule; never evidence of a win[/]",
                       markup=True)
-    for e in record.get("errors", []):
+    for e in record.errors:
         console.print(f"[red]worker failure:[/] {escape(e)}", markup=True)
-    if record.get("path"):
-        console.print(f"run record: {record['path']}")
+    if record.path:
+        console.print(f"run record: {record.path}")
 
 
 def print_findings(findings: list, console: Console, title: str = "guard findings") -> None:

@@ -36,19 +36,9 @@ REVERTED = ("revert", "drop", "noise")
 @dataclass
 class Hooks:
     gate: Callable[[Target, str | None], object]  # (tree to gate, -k expr) -> gate.GateResult
-    bench: Callable[[str, bool, dict | None], dict]  # (base commit, A/A, gate dict) -> run record
+    bench: Callable[[str, bool, dict | None], object]  # (base commit, A/A, gate dict) -> bench.record.RunRecord
     audit: Callable[[], object]  # () -> guard.audit.AuditResult of the working tree
     say: Callable[[str], None] = lambda msg: None
-
-
-@dataclass
-class _TreeOf(Target):
-    """Another tree of the target (a worktree of the base) whose workspace stays in the user's checkout."""
-
-    home: Path | None = None
-
-    def workspace(self, op: str) -> Path:
-        return (self.home or self.root) / "profile" / f"{op}-opt"
 
 
 @contextlib.contextmanager
@@ -76,21 +66,20 @@ def gate_summary(result, ws: Workspace) -> dict:
             "reasons": [f"{f.kind}: {f.message}" for f in result.findings][:5]}
 
 
-def guard_summary(audit_result, bench_records: list[dict]) -> dict:
+def guard_summary(audit_result, bench_records: list) -> dict:
     """The audit's findings, the bench probes' findings, and one per cell a probe blocked."""
     findings = [f.to_dict() for f in audit_result.findings]
     blocked = bool(audit_result.blocked)
     for rec in bench_records:
-        g = rec.get("guard") or {}
-        findings += list(g.get("findings") or [])
-        blocked = blocked or bool(g.get("blocked"))
-        covered = {f.get("cell") for f in g.get("findings") or []}
-        for cell in rec.get("cells") or []:
-            if cell.get("verdict") == "BLOCKED":
+        findings += [f.to_dict() for f in rec.guard.findings]
+        blocked = blocked or rec.guard.blocked
+        covered = {f.cell for f in rec.guard.findings}
+        for cell in rec.cells:
+            if cell.verdict == "BLOCKED":
                 blocked = True
-                if cell["cell"]["id"] not in covered:
-                    findings.append(Finding("bench-cell-blocked", BLOCK, cell.get("reason") or "blocked",
-                                            cell=cell["cell"]["id"], side="cand").to_dict())
+                if cell.id not in covered:
+                    findings.append(Finding("bench-cell-blocked", BLOCK, cell.reason or "blocked",
+                                            cell=cell.id, side="cand").to_dict())
     return {"blocked": blocked, "findings": findings}
 
 
@@ -118,29 +107,26 @@ def run_baseline(target: Target, contract: Contract, ws: Workspace, hooks: Hooks
     else:
         hooks.say(f"the gate runs on the base {base[:12]} in a temporary worktree (your tree is not the base)")
         with git.worktree(target.root, base, "base") as wt:
-            result = hooks.gate(_TreeOf(root=wt, python=target.python, config=target.config, home=target.root),
-                                None)
+            result = hooks.gate(target.tree(wt), None)
     gate = gate_summary(result, ws)
     if not result.green:
         raise GateRed(f"the gate is red on the base {base[:12]}: {'; '.join(gate['reasons'])}",
                       "the loop needs a green base: fix the base, or choose another (`flaloop init --base`)")
     rec = hooks.bench(base, True, result.to_dict())
-    aa = rules.compare(rec, ws.rel(rec.get("path")))
+    aa = rules.compare(rec, ws.rel(rec.path))
     if not aa["complete"]:
         bad = [f"{c['id']} {c['verdict']}: {c['reason']}" for c in aa["cells"] if c["verdict"] not in rules.MEASURED]
         raise MeasurementError("the base could not be timed on every cell: " + "; ".join(bad + aa["errors"][:1]),
-                               f"see {rec.get('path')}; refused cells need an input override (--input)")
+                               f"see {rec.path}; refused cells need an input override (--input)")
     cells = []
-    for c in rec["cells"]:
-        summ = c.get("summary") or {}
-        cells.append({"id": c["cell"]["id"], "timer": c.get("timer"),
-                      "device_ms": (summ.get("base") or {}).get("median"),
-                      "eager_ms": ((summ.get("eager") or {}).get("base") or {}).get("median"),
-                      "launch_bound": c.get("launch_bound")})
+    for c in rec.cells:
+        eager = c.summary.eager.get("base")
+        cells.append({"id": c.id, "timer": c.timer, "device_ms": c.summary.base.median if c.summary.base else None,
+                      "eager_ms": eager.median if eager else None, "launch_bound": c.launch_bound})
     it = Iteration(iter=0, direction="baseline", status="baseline", commit=base, best_before=base,
                    created=now_iso(), gate=gate, note=f"A/A {aa['verdict']}: the harness on this machine",
                    wall_s=round(time.monotonic() - t0, 2), command=command,
-                   baseline={"record": aa["record"], "env": rec.get("env"), "cells": cells, "aa": aa,
+                   baseline={"record": aa["record"], "env": rec.env, "cells": cells, "aa": aa,
                              "archived": ws.rel(archived)})
     with deferred_interrupt():
         ws.save_iteration(it)
@@ -221,13 +207,13 @@ def run_iteration(target: Target, contract: Contract, ws: Workspace, hooks: Hook
     if result.green and not audit.blocked:
         rec = hooks.bench(best.commit, False, result.to_dict())
         benches.append(rec)
-        vs_best = rules.compare(rec, ws.rel(rec.get("path")))
+        vs_best = rules.compare(rec, ws.rel(rec.path))
         if best.commit == base:
             vs_base = vs_best  # one bench serves both
         elif vs_best["complete"] and not vs_best["blocked"]:
             rec2 = hooks.bench(base, False, result.to_dict())
             benches.append(rec2)
-            vs_base = rules.compare(rec2, ws.rel(rec2.get("path")))
+            vs_base = rules.compare(rec2, ws.rel(rec2.path))
     guard = guard_summary(audit, benches)
     guard_reason = "; ".join(f"{f['rule']} at {f.get('where') or '-'}: {f['message']}"
                              for f in guard["findings"] if f.get("blocking", f.get("severity") == BLOCK))

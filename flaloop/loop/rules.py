@@ -18,7 +18,7 @@ Statuses of an iteration (docs/LOOP.md):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from flaloop import stats
 from flaloop.loop.store import Decision, DispatchRow, Iteration
@@ -44,29 +44,28 @@ def geomean_verdict(geomean: dict | None, margin: float) -> str | None:
     return stats.verdict(_Interval(geomean["ci_low"], geomean["ci_high"]), margin).value
 
 
-def compare(record: dict, record_path: str | None) -> dict:
-    """A bench run record reduced to what an iteration keeps: the geomean, its verdict, per-cell
-    speedups and verdicts, and whether every cell was measured and none blocked."""
-    margin = (record.get("config") or {}).get("margin", 0.005)
-    geo = (record.get("summary") or {}).get("geomean")
+def compare(record, record_path: str | None) -> dict:
+    """A bench run record (bench/record.RunRecord) reduced to what an iteration keeps: the geomean,
+    its verdict, per-cell speedups and verdicts, and whether every cell was measured and none blocked."""
+    margin = record.config.margin
+    geo = asdict(record.summary.geomean) if record.summary.geomean else None
     cells = []
-    for c in record.get("cells") or []:
-        est = c.get("estimate") or {}
-        cells.append({"id": c["cell"]["id"], "speedup": est.get("speedup"), "ci_low": est.get("ci_low"),
-                      "ci_high": est.get("ci_high"), "verdict": c.get("verdict"), "reason": c.get("reason", ""),
-                      "base_ms": ((c.get("summary") or {}).get("base") or {}).get("median"),
-                      "cand_ms": ((c.get("summary") or {}).get("cand") or {}).get("median")})
-    guard = record.get("guard") or {}  # the bench's dynamic probes; absent: nothing blocked
-    blocked = bool(guard.get("blocked")) or any(c["verdict"] == "BLOCKED" for c in cells)
-    complete = bool(cells) and all(c["verdict"] in MEASURED for c in cells) and not record.get("errors") \
-        and not record.get("interrupted")
+    for c in record.cells:
+        est, summ = c.estimate, c.summary
+        cells.append({"id": c.id, "speedup": est.speedup if est else None, "ci_low": est.ci_low if est else None,
+                      "ci_high": est.ci_high if est else None, "verdict": c.verdict, "reason": c.reason,
+                      "base_ms": summ.base.median if summ.base else None,
+                      "cand_ms": summ.cand.median if summ.cand else None})
+    blocked = record.guard.blocked or any(c["verdict"] == "BLOCKED" for c in cells)
+    complete = bool(cells) and all(c["verdict"] in MEASURED for c in cells) and not record.errors \
+        and not record.interrupted
     return {
-        "record": record_path, "base_commit": (record.get("base") or {}).get("commit"),
+        "record": record_path, "base_commit": record.base.commit,
         "geomean": geo, "verdict": geomean_verdict(geo, margin), "cells": cells, "margin": margin,
-        "shapes": sorted({(c.get("cell") or {}).get("shape_name") for c in record.get("cells") or []} - {None}),
-        "modes": sorted({(c.get("cell") or {}).get("mode") for c in record.get("cells") or []} - {None}),
-        "blocked": blocked, "complete": complete, "errors": list(record.get("errors") or []),
-        "guard_findings": list(guard.get("findings") or []),
+        "shapes": sorted({c.cell.shape_name for c in record.cells}),
+        "modes": sorted({c.cell.mode for c in record.cells}),
+        "blocked": blocked, "complete": complete, "errors": list(record.errors),
+        "guard_findings": [f.to_dict() for f in record.guard.findings],
     }
 
 

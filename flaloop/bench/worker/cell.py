@@ -3,7 +3,7 @@
 A cell is timed by a CUDA graph of k calls replayed between two events (the L2 flushed outside
 them), once the replay is proven to reproduce eager outputs and gradients bit for bit or within
 `GRAPH_PROOF_TOL`; where capture is impossible, by k eager calls between events; on the CPU by
-`perf_counter` around k calls. k is calibrated so that one sample lasts `min_sample_ms`.
+`perf_counter` around k calls. k is calibrated so that one sample lasts `sample_ms`.
 
 On a GPU a cell can be built more than once in the same process (`placements`): each placement
 has its own input tensors (the same values) and its own proven graph with its own memory pool,
@@ -31,7 +31,7 @@ from .tuning import tuning_added, tuning_snapshot
 
 VALID_TIMERS = ('auto', 'eager')
 DEFAULT_WARMUP = 5            # eager calls before anything is timed (Triton compile + autotune)
-DEFAULT_MIN_SAMPLE_MS = 2.0   # calibrated k makes one sample last at least this long
+DEFAULT_SAMPLE_MS = 2.0   # calibrated k makes one sample last at least this long
 MAX_K = 256
 GRAPH_PROOF_TOL = 1e-3        # graph replay vs eager, relative RMS
 PLACEMENT_MEMORY_SHARE = 0.25  # extra placements may take at most this share of the free GPU memory
@@ -55,7 +55,7 @@ class BuiltCell:
         self.timer_req = spec.get('timer', 'auto')
         if self.timer_req not in VALID_TIMERS:
             raise ValueError(f'timer must be one of {list(VALID_TIMERS)}, got {self.timer_req!r}')
-        self.min_sample_ms = float(spec.get('min_sample_ms') or DEFAULT_MIN_SAMPLE_MS)
+        self.sample_ms = float(spec.get('sample_ms') or DEFAULT_SAMPLE_MS)
         self.warmup = int(spec.get('warmup') or DEFAULT_WARMUP)
         self.k = spec.get('k')
         self.placements_req = int(spec.get('placements') or 1)
@@ -271,7 +271,7 @@ class BuiltCell:
 
     def _set_k(self, per_call_ms: float) -> None:
         self.per_call_ms_estimate = per_call_ms
-        k = math.ceil(self.min_sample_ms / max(per_call_ms, 1e-6))
+        k = math.ceil(self.sample_ms / max(per_call_ms, 1e-6))
         self.k = int(min(max(k, 1), MAX_K))
 
     def _estimate_per_call_ms(self) -> float:

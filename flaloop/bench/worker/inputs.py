@@ -102,7 +102,7 @@ class CellSpec:
             raise ValueError(f'dtype must be one of {list(VALID_DTYPES)}, got {dtype_name!r}')
         self.dtype = getattr(torch, dtype_name)
         self.seed = int(spec.get('seed', 0))
-        self.overrides = dict(spec.get('overrides') or {})
+        self.overrides = dict(spec.get('inputs') or {})
         self.seqlens = spec.get('seqlens')
         self.shape = dict(spec.get('shape') or {})
         self.n_sets_req = spec.get('n_sets')

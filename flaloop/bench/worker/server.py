@@ -28,6 +28,17 @@ def forked_with() -> frozenset:
     return getattr(sys.modules.get(f'{__package__}.forkserver'), 'FORKED_WITH', frozenset())
 
 
+def _of_tree(name: str, tree: str) -> bool:
+    """Whether the loaded module `name` is, or stands in for, a module of `tree`."""
+    f = getattr(sys.modules.get(name), '__file__', None)
+    if not isinstance(f, str) or not os.path.isabs(f):
+        return False
+    if os.path.realpath(f).startswith(tree + os.sep):
+        return True
+    top = name.split('.')[0]
+    return os.path.isfile(os.path.join(tree, top + '.py')) or os.path.isfile(os.path.join(tree, top, '__init__.py'))
+
+
 class WorkerServer:
     def __init__(self, args):
         self.args = args
@@ -67,11 +78,10 @@ class WorkerServer:
         self.registry_file = os.path.realpath(a.registry)
         if not os.path.isdir(self.tree):
             raise FileNotFoundError(f'tree {self.tree} is not a directory')
-        # a forked worker: nothing the fork server had imported may come from this tree (a stale copy)
-        early = [m for m in forked_with() if not m.startswith('_flaloop')
-                 and isinstance(getattr(sys.modules.get(m), '__file__', None), str)
-                 and os.path.isabs(sys.modules[m].__file__)
-                 and os.path.realpath(sys.modules[m].__file__).startswith(self.tree + os.sep)]
+        # a forked worker: nothing the fork server had imported may be a module of this tree: a copy
+        # from the tree itself (stale), or one of the same name from elsewhere (another checkout on
+        # PYTHONPATH) that would stand in for the tree's own
+        early = [m for m in forked_with() if not m.startswith('_flaloop') and _of_tree(m, self.tree)]
         if early:
             raise RuntimeError(f'modules of the tree were loaded before the worker started: {sorted(early)[:5]}')
         if a.workdir:

@@ -1,0 +1,75 @@
+"""Finish a measurement: the analysis, the guard's judgement and the roofline of a session's raw
+results, as the run record (bench/record.RunRecord). Pure over its inputs: it measures nothing
+and reads no tree, so a record made from a Ray node's measurement is the same as a local one."""
+
+from __future__ import annotations
+
+from flaloop import evidence, roofline
+from flaloop.bench.analysis import analyse
+from flaloop.bench.plan import MeasurePlan
+from flaloop.bench.record import GuardSummary, RunRecord
+from flaloop.bench.session import Measurement
+from flaloop.guard import dynamic
+from flaloop.guard.findings import Finding, apply_allowances
+
+
+def _static_findings(plan: MeasurePlan) -> list[Finding]:
+    return [Finding.from_dict(f) for f in (plan.static or {}).get("findings") or []]
+
+
+def _guard(plan: MeasurePlan, m: Measurement) -> GuardSummary:
+    findings = list(m.run_findings) + _static_findings(plan) + [f for r in m.results for f in r.findings]
+    return GuardSummary(blocked=any(f.blocking for f in findings), findings=findings, static=plan.static,
+                        integrity=m.integrity, allowed=plan.allowed, probes=plan.config.probes,
+                        probe_seconds=round(m.probe_seconds, 3))
+
+
+def _implausible(record: RunRecord, allowed: list[dict]) -> None:
+    """A candidate faster than its roofline floor is implausible: the cell is BLOCKED (unless the base
+    is below it too: then the model, not the candidate, is wrong, and it is only a warning)."""
+    if record.aa:
+        return
+    for cell in record.cells:
+        roof, cand = cell.roofline, cell.summary.cand
+        f = dynamic.implausible(cell.id, cand.median if cand else None, roof.floor_ms if roof else None)
+        if f is None:
+            continue
+        if roof and (roof.pct_of_floor_base or 0) > 100:
+            f = dynamic.finding("implausible-speedup", f.message + " (the base is below it too: the model is "
+                                "off for this op)", f.cell, severity="warn")
+        (f,) = apply_allowances([f], allowed)
+        cell.findings.append(f)
+        record.guard.findings.append(f)
+        if f.blocking and cell.verdict not in ("BLOCKED", None):
+            cell.reason = (cell.reason + "; " if cell.reason else "") + \
+                f"guard: implausible-speedup (measured {cell.verdict})"
+            cell.verdict = "BLOCKED"
+            record.guard.blocked = True
+    record.summary.n_blocked = sum(c.verdict == "BLOCKED" for c in record.cells)
+
+
+def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None = None) -> RunRecord:
+    run_blocked = [f for f in m.run_findings + _static_findings(plan) if f.blocking]
+    summary = analyse(m.results, plan.config.margin, plan.config.seed, aa=plan.config.aa, run_blocked=run_blocked)
+    record = RunRecord(
+        op=plan.op, created=created, command=plan.command, base=plan.base, candidate=plan.candidate,
+        config=plan.config, env=dict(m.env), gpu=gpu, host=m.host,
+        # where each side imported the op from: a measuring pair's word, or the warm-up pair's
+        # when no cell got as far as a round (blocked, refused or failed in the warm-up)
+        workers=m.hellos[0] if m.hellos else m.warmup_hellos,
+        rounds=[{s: h.get("pid") for s, h in hs.items()} for hs in m.hellos],
+        import_s=[{s: h.get("import_s") for s, h in hs.items()} for hs in m.hellos],
+        warmup=m.warmup, primed=m.primed, contested=m.contested, restarts=m.restarts,
+        gate=plan.gate, unverified=plan.gate is None, interrupted=m.interrupted,
+        last_gate=plan.last_gate if plan.gate is None else None,
+        errors=list(m.errors), wall_s=m.wall_s, timeline=m.timeline, lean_check=m.lean_check,
+        waited_s={k: round(v, 2) for k, v in m.waited.items()}, transfer=m.transfer,
+        guard=_guard(plan, m), summary=summary, cells=m.results)
+    if not m.interrupted and m.env:
+        record.env["during"] = evidence.during_evidence(evidence.readings_of(record))
+        if m.ceilings_error:
+            record.errors.append(f"roofline ceilings not measured: {m.ceilings_error}")
+        ceilings = roofline.Ceilings.from_dict(m.ceilings) if m.ceilings else None
+        roofline.annotate(record, ceilings, roofline.family_for(plan.registry_entry, plan.op))
+        _implausible(record, plan.allowed)
+    return record

@@ -1,0 +1,92 @@
+"""Plan a measurement: what a session needs to know, decided on the orchestrator.
+
+    plan     (here)             contract, cells, static audit, the last gate  -> MeasurePlan
+    measure  (bench/measure.py) a session on one device                       -> Measurement
+    finish   (bench/finish.py)  analysis, roofline, guard judgement           -> RunRecord
+
+A plan names both sides as commits (the candidate's working tree is snapshotted into one:
+git.snapshot), so the measurement can run anywhere the two commits can be checked out: here, on
+another GPU of this host, or on a Ray node that was sent them as a git bundle. It is plain data
+(`to_dict`, `from_dict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from flaloop import git
+from flaloop.bench.model import BenchConfig, Cell, make_cells
+from flaloop.bench.record import TreeRef
+from flaloop.errors import UsageError
+
+
+@dataclass
+class MeasurePlan:
+    op: str
+    python: str                 # the target's interpreter
+    registry_rel: str           # the registry, relative to the tree (read from the base's tree)
+    registry_entry: dict        # the op's registry entry (target query JSON): the roofline's family
+    cells: list[Cell]
+    config: BenchConfig
+    base: TreeRef
+    candidate: TreeRef
+    static: dict | None = None  # the static audit of the candidate against this base (None for an A/A)
+    allowed: list[dict] = field(default_factory=list)
+    gate: dict | None = None    # the gate this measurement is taken under (verify, iter, sweep)
+    last_gate: dict | None = None  # else the last gate recorded for exactly this tree state
+    command: str = ""
+    label: str = "bench"        # what the run directory is called after: bench, aa, a sweep candidate
+
+    @property
+    def same_tree(self) -> bool:
+        return self.config.aa
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(cells=[c.to_dict() for c in self.cells], config=self.config.to_dict(), base=asdict(self.base),
+                 candidate=asdict(self.candidate))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MeasurePlan:
+        nested = ("cells", "config", "base", "candidate")
+        return cls(cells=[Cell.from_dict(c) for c in d["cells"]], config=BenchConfig.from_dict(d["config"]),
+                   base=TreeRef.from_dict(d["base"]), candidate=TreeRef.from_dict(d["candidate"]),
+                   **{k: v for k, v in d.items() if k in {f.name for f in fields(cls)} - set(nested)})
+
+
+def base_ref(target, contract, ref: str | None) -> TreeRef:
+    """The base of a measurement: `ref` when given, else the contract's base."""
+    commit = git.resolve_ref(target.root, ref) if ref else contract.base_commit
+    return TreeRef(commit=commit, ref=ref or contract.base_ref, tree=git.tree_of(target.root, commit))
+
+
+def working_tree(target) -> TreeRef:
+    """The working tree as a candidate: snapshotted into a commit (git.snapshot)."""
+    state = git.tree_state(target.root)
+    commit = git.snapshot(target.root)
+    return TreeRef(commit=commit, ref="working tree", head=state["head"], dirty=state["dirty"],
+                   diff_hash=state["diff_hash"], tree=git.tree_of(target.root, commit))
+
+
+def plan(target, contract, *, base: TreeRef, candidate: TreeRef, shapes: list[str] | None, cfg: BenchConfig,
+         static: dict | None = None, gate: dict | None = None, last_gate: dict | None = None,
+         command: str = "", label: str | None = None) -> MeasurePlan:
+    """The cells and everything else a session on `candidate` against `base` needs (no process starts)."""
+    spec = target.op(contract.op)
+    if not target.registry_file.is_file():
+        raise UsageError(f"{contract.op} has no registry entry to build bench inputs from",
+                         f"the bench reads TensorSpecs from {target.registry_file.relative_to(target.root)}")
+    registry_rel = str(target.registry_file.relative_to(target.root))
+    if git.file_at(target.root, base.commit, registry_rel) is None:
+        raise UsageError(f"the base {base.commit[:12]} has no {registry_rel}",
+                         "choose a base that has the registry (--base)")
+    cells = make_cells(target.shape_configs(spec), shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen)
+    if not cells:
+        raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
+    cfg.inputs = {**contract.input_overrides, **cfg.inputs}
+    return MeasurePlan(op=contract.op, python=target.python, registry_rel=registry_rel,
+                       registry_entry=spec.registry or {}, cells=cells, config=cfg, base=base,
+                       candidate=candidate, static=None if cfg.aa else static,
+                       allowed=list(getattr(contract, "allowed", None) or []), gate=gate, last_gate=last_gate,
+                       command=command, label=label or ("aa" if cfg.aa else "bench"))
