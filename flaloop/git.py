@@ -403,6 +403,21 @@ def bundle(root: Path, commits: list[str], dest: Path) -> Path:
     return dest
 
 
+def clone_bundle(bundle_file: Path, dest: Path) -> Path:
+    """A repository at `dest` holding every ref of a bundle (a remote measurement's trees); no checkout."""
+    dest.mkdir(parents=True, exist_ok=True)
+    _plumb(dest, "init", "-q")
+    _plumb(dest, "fetch", "-q", str(bundle_file), "refs/*:refs/*")
+    return dest
+
+
+def names_between(root: Path, a: str, b: str) -> set[str]:
+    """The paths that differ between two commits (both names of a move)."""
+    out = _git(root, "diff", "--name-status", "--no-renames", "-z", a, b).stdout
+    parts = [p for p in out.split("\0") if p]
+    return {parts[i + 1] for i in range(0, len(parts) - 1, 2)}
+
+
 def diff_between(root: Path, a: str, b: str) -> str:
     """The binary-safe diff from commit `a` to commit `b`."""
     return _git(root, "diff", "--binary", "--no-color", a, b).stdout

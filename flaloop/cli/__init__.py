@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from flaloop import procs
-from flaloop.cli import demo, guard, loop, maint, measure, report, setup  # noqa: F401  (register their commands)
+from flaloop.cli import demo, guard, loop, maint, measure, report, setup, sweep  # noqa: F401  (register their commands)
 from flaloop.cli.app import app
 
 
