@@ -1,7 +1,8 @@
 # The README's quick start is exactly `make demo` and `make test` on a fresh machine.
 # Both create or reuse .venv and install what they need: the CPU build of torch 2.13.0
 # (a file already on disk here; never a bare `torch`, which pulls a multi-GB CUDA build),
-# triton 3.6.0 (runs kernels on the CPU with TRITON_INTERPRET=1), and flaloop itself.
+# triton 3.6.0 (runs kernels on the CPU with TRITON_INTERPRET=1), and flaloop itself with its extras
+# (ray among them: the sweep's Ray executor is tested on a real local Ray cluster).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -13,7 +14,7 @@ STAMP  := $(VENV)/.flaloop-installed
 $(STAMP): pyproject.toml Makefile
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 triton==3.6.0
-	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev,gpu]'
+	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev,gpu,ray]'
 	@touch $@
 
 setup: $(STAMP)

@@ -170,8 +170,10 @@ def assert_user_state_kept(repo: Path, before: UserState | None, args, pid: int)
         assert old is None or _git_bytes(repo, "merge-base", "--is-ancestor", old, new) is not None, \
             f"{what} moved HEAD to a commit that does not descend from the old HEAD"
         # It may commit the user's change and revert it (a non-keep iteration): every file content
-        # the user had must then be in one of the new commits.
+        # the user had must then be in one of the new commits, or be the old HEAD's (already history:
+        # `iter --from-sweep` starts from a clean tree and replaces committed files).
         commits = (_git_bytes(repo, "rev-list", f"{old}..{new}" if old else new) or b"").decode().split()
+        commits += [old] if old else []
         for rel, digest in sorted(set(before.files) - set(after.files)):
             kept = any(hashlib.sha256(_git_bytes(repo, "show", f"{c}:{rel.decode()}") or b"").hexdigest() == digest
                        for c in commits)

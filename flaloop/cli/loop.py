@@ -48,6 +48,7 @@ from flaloop.loop import header as header_mod
 from flaloop.loop import iteration, records, rules
 from flaloop.loop import traps as traps_mod
 from flaloop.loop.store import Decision, DispatchRow, Workspace, now_iso
+from flaloop.sweep import promote
 from flaloop.target import Target
 
 EXIT = {"keep": 0, "noise": 0, "revert": 0, "signal": 0, "baseline": 0}
@@ -144,10 +145,16 @@ def _subset(opts: BenchOptions, c: Contract) -> str | None:
 @with_options(GateOptions, BenchOptions, LockOptions)
 def iter_cmd(
     op: str,
-    direction: Annotated[str, typer.Argument(help="One line: what this change tries.")],
+    direction: Annotated[str | None, typer.Argument(
+        help="One line: what this change tries (with --from-sweep: the candidate to take, as the sweep names it).")]
+    = None,
     gate_k: Annotated[str | None, typer.Option(
         "--gate-k", help="Gate on a pytest -k subset: a signal iteration (never keep, not reverted).")] = None,
     note: Annotated[str, typer.Option("--note", help="A remark for the row.")] = "",
+    from_sweep: Annotated[str | None, typer.Option(
+        "--from-sweep", help="A sweep (its directory or stamp): put its candidate DIRECTION names in the clean "
+                             "working tree, then iterate on it as usual (full gate, a fresh bench, one row, one "
+                             "commit).")] = None,
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
     lock_options: LockOptions = None,  # type: ignore[assignment]
@@ -156,11 +163,29 @@ def iter_cmd(
     """One iteration: gate, guard, bench vs the best and the base, one OPT_LOG row, one commit."""
     target, c, ws = _setup(op, repo, python)
     _no_base(bench_options, "iter")
+    if not (direction or "").strip():
+        raise UsageError("the direction is empty" if not from_sweep else "--from-sweep needs the candidate to take",
+                         'say in one line what this change tries, e.g. "BT 64 -> 128"' if not from_sweep else
+                         f"e.g. `flaloop iter {op} --from-sweep SWEEP opt/my-branch` (the sweep's table names them)")
     console = human(as_json)
+    source = None
     with lock_options.hold(target, op, human(as_json), "iter"):
-        it = iteration.run_iteration(target, c, ws, _hooks(target, c, bench_options, gate_options, console),
-                                     direction=direction, k_expr=gate_k, subset=_subset(bench_options, c),
-                                     note=note, command=_command_line())
+        if from_sweep:
+            source = promote.source(target, op, from_sweep, direction)
+            iteration.preflight(target, c, ws, require_change=False)  # every refusal before the tree changes
+            files = promote.apply(target, source)
+            console.print(f"{source['ref']} ({source['commit'][:12]}) is in the working tree now: {', '.join(files)}")
+            direction = f"{source['ref']} (from sweep {source['stamp']})"
+            note = "; ".join(x for x in (promote.describe(source), note.strip()) if x)
+        try:
+            it = iteration.run_iteration(target, c, ws, _hooks(target, c, bench_options, gate_options, console),
+                                         direction=direction, k_expr=gate_k, subset=_subset(bench_options, c),
+                                         note=note, command=_command_line(), source=source)
+        except BaseException:
+            if source is not None and git.changed_paths(target.root):
+                console.print("the candidate's change is still in the working tree, nothing was committed "
+                              "(`git status` lists it)")
+            raise
     measured = bool(it.gate and it.gate.get("green")) and not it.guard["blocked"]
     code = EXIT.get(it.status, 3 if measured else 1)
     if as_json:

@@ -137,8 +137,9 @@ def run_baseline(target: Target, contract: Contract, ws: Workspace, hooks: Hooks
 
 # -- one iteration ------------------------------------------------------------------------------
 
-def preflight(target: Target, contract: Contract, ws: Workspace) -> None:
-    """Every refusal that can be known before spending a gate and a bench."""
+def preflight(target: Target, contract: Contract, ws: Workspace, require_change: bool = True) -> None:
+    """Every refusal that can be known before spending a gate and a bench (`require_change` False:
+    before the change is put in the tree, by `iter --from-sweep`)."""
     root = target.root
     if git.current_branch(root) is None:
         raise UsageError("HEAD is detached: an iteration is a commit on a branch",
@@ -149,7 +150,7 @@ def preflight(target: Target, contract: Contract, ws: Workspace) -> None:
     if not git.is_ancestor(root, contract.base_commit, "HEAD"):
         raise UsageError(f"HEAD does not descend from the contract's base {contract.base_commit[:12]}",
                          "iterate on a branch that starts at the base, or rerun `flaloop init --base`")
-    if not git.changed_paths(root):
+    if require_change and not git.changed_paths(root):
         raise UsageError("nothing to commit: the working tree equals HEAD",
                          "an iteration is one change: edit the kernel, then run iter")
     who = git.identity_problem(root)
@@ -182,8 +183,10 @@ def preflight(target: Target, contract: Contract, ws: Workspace) -> None:
 
 
 def run_iteration(target: Target, contract: Contract, ws: Workspace, hooks: Hooks, *, direction: str,
-                  k_expr: str | None, subset: str | None, note: str, command: str) -> Iteration:
-    """One iteration, start to row. `subset` names a shape/mode subset (a signal-only bench)."""
+                  k_expr: str | None, subset: str | None, note: str, command: str,
+                  source: dict | None = None) -> Iteration:
+    """One iteration, start to row. `subset` names a shape/mode subset (a signal-only bench);
+    `source` where the change came from (a sweep's candidate: sweep/promote.py), kept in the record."""
     t0 = time.monotonic()
     if not direction.strip():
         raise UsageError("the direction is empty", 'say in one line what this change tries, e.g. "BT 64 -> 128"')
@@ -231,7 +234,7 @@ def run_iteration(target: Target, contract: Contract, ws: Workspace, hooks: Hook
                                else "")
     it = Iteration(iter=n, direction=direction.strip(), status=outcome.status, commit="", best_before=best.commit,
                    created=now_iso(), gate=gate, guard=guard, vs_best=vs_best, vs_base=vs_base, worst_cell=worst,
-                   note=f"{note.strip()}; {reason}" if note.strip() else reason, command=command)
+                   note=f"{note.strip()}; {reason}" if note.strip() else reason, command=command, source=source)
     with deferred_interrupt():
         it.files = git.changed_paths(root)
         it.commit = git.commit_all(root, commit_message(contract, it, best))
@@ -269,7 +272,8 @@ def commit_message(contract: Contract, it: Iteration, best: Iteration) -> str:
             f"vs base ({contract.base_commit[:12]}): {base_line}\n"
             f"Status: {it.status}: {it.note}\n"
             + (f"Run records: {', '.join(f'profile/{contract.op}-opt/{r}' for r in runs)}\n" if runs else "")
-            + f"\nFlaloop-Op: {contract.op}\nFlaloop-Iteration: {it.iter}\nFlaloop-Status: {it.status}\n")
+            + f"\nFlaloop-Op: {contract.op}\nFlaloop-Iteration: {it.iter}\nFlaloop-Status: {it.status}\n"
+            + (f"Flaloop-Sweep: {it.source['stamp']} {it.source['ref']} {it.source['commit']}\n" if it.source else ""))
 
 
 def revert_message(contract: Contract, it: Iteration, best: Iteration) -> str:

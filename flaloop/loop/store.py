@@ -67,6 +67,7 @@ class Iteration:
     files: list[str] = field(default_factory=list)  # what the commit took
     reverted: list[str] = field(default_factory=list)  # commits the revert undid (the candidate first)
     baseline: dict | None = None  # iteration 0 only: env, per-cell timings, the A/A check
+    source: dict | None = None  # where the change came from: a sweep's candidate (sweep/promote.py)
     schema: int = SCHEMA
 
     def to_dict(self) -> dict:

@@ -119,6 +119,23 @@ def measure_on_node(job: dict, bundle: bytes, sweep_id: str, queue) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _reachable(address: str) -> None:
+    """Refuse an address nothing listens on, at once (ray.init waits minutes for a cluster that is not there)."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--address {address!r} is not HOST:PORT or ray://HOST:PORT",
+                         "e.g. --address ray://head:10001 (Ray Client) or --address head:6379 (on the cluster)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UsageError(f"could not reach the Ray cluster at {address!r}: {exc}",
+                         "check the address, that the head node runs (`ray status` there), and that this machine "
+                         "may connect to its port") from exc
+
+
 class RayExecutor:
     def __init__(self, *, repo: Path, address: str | None, retries: int = 2,
                  cancel: threading.Event | None = None, say: Callable[[str], None] = lambda m: None):
@@ -127,6 +144,11 @@ class RayExecutor:
         self.say = say
         self.started_local = address is None
         self.sweep_id = f"{os.getpid()}-{int(time.time())}"
+        if address is not None:
+            _reachable(address)
+        # Ray's driver threads print what its raylets say ("(raylet) A worker died ...") to stdout,
+        # which `--json` keeps for its one document: they go to stderr while Ray runs
+        self._stdout, sys.stdout = sys.stdout, sys.stderr
         env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
         runtime_env: dict = {"env_vars": env}
         if address is not None:  # a remote node runs this flaloop, not whatever it has installed
@@ -135,6 +157,7 @@ class RayExecutor:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
                      runtime_env=runtime_env, configure_logging=True)
         except (ConnectionError, RuntimeError, ValueError, TimeoutError, OSError) as exc:
+            sys.stdout = self._stdout
             raise UsageError(f"could not reach the Ray cluster at {address!r}: {exc}" if address else
                              f"could not start a local Ray instance: {exc}",
                              "check the address (ray://HEAD:10001, or HEAD:6379 on the cluster itself) and that "
@@ -235,6 +258,12 @@ class RayExecutor:
             on_event(kind, key=key, **info)
 
     def close(self) -> None:
+        try:
+            self._close()
+        finally:
+            sys.stdout = self._stdout
+
+    def _close(self) -> None:
         with contextlib.suppress(Exception):
             if self.queue is not None:
                 self.queue.shutdown(force=True)

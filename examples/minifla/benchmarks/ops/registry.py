@@ -270,3 +270,12 @@ register_op(OpConfig(
     inputs=dict(_QKV),
     category='simple_qkv',
 ))
+
+# The same op one timestep at a time: the chunk test's reference, and an op of its own.
+register_op(OpConfig(
+    name='fused_recurrent_linear_attn',
+    import_path='minifla.ops.linear_attn',
+    inputs=dict(_QKV),
+    category='simple_qkv',
+    test_file='tests/ops/test_linear_attn.py',
+))
