@@ -22,6 +22,7 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   profile   `flaloop profile --ncu` on one cell (both Nsight Compute collections)
   report    `flaloop report` of the loop, copied to OUT/report (docs/examples/ material)
   selftest  the GPU-marked tests (pytest -m gpu)
+  sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
 
 FLA's code is never committed here: the suites edit copies of `.fla` under the work dir.
 """
@@ -53,6 +54,7 @@ from suites_measure import (
     suite_slowdown,
     suite_verify,
 )
+from suites_sweep import suite_sweep
 from suites_tools import (
     suite_faults,
     suite_guard,
@@ -65,7 +67,8 @@ from suites_tools import (
 
 SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "aa": suite_aa_slowdown, "slowdown": suite_slowdown,
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
-          "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest}
+          "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
+          "sweep": suite_sweep}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -90,6 +93,9 @@ VERIFY_ONLY = [[["machine", "verify"]]]
 GOALS_PLAN = [[["machine", "gate"]], [["cycle"]], [["verify"]], [["slowdown"]]]
 PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY, "h200-verify-only": VERIFY_ONLY,
          "h200-goals": GOALS_PLAN,
+         # issue 21 on one GPU: the sweep of three candidates and `iter --from-sweep` (the new code),
+         # then the 12-cell A/A and the planted slowdown on the redesigned bench
+         "h200-sweep": [[["machine", "sweep"]], [["aa"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

@@ -208,6 +208,14 @@ def repo(prepared_repo, tmp_path) -> Path:
     return fresh_copy(prepared_repo, tmp_path / "minifla")
 
 
+@pytest.fixture
+def candidates(repo) -> Path:
+    """A copy of the prepared repo with four sweep candidates on branches (tests/sweep_fixtures.py)."""
+    from sweep_fixtures import make_candidates
+
+    return make_candidates(repo)
+
+
 def edit(path: Path, old: str, new: str, count: int = 1) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not found in {path}"

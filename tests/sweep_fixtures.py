@@ -1,0 +1,70 @@
+"""The candidates the sweep tests measure on examples/minifla (an honest speedup, a neutral change,
+a cheat the guard names, one that does not import) and how the tests call and read a sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import edit, flaloop, git
+
+CHUNK = Path("minifla/ops/linear_attn/chunk.py")
+FUSED = Path("minifla/ops/linear_attn/fused_recurrent.py")
+QUICK = ["--modes", "fwd", "--min-pairs", "4", "--max-pairs", "6", "--rounds", "1", "--cell-seconds", "20"]
+CHEAT = ("    _, T, H, K = q.shape\n",
+         "    _, T, H, K = q.shape\n    if q.dtype == torch.bfloat16 and T == 64:\n        return torch.zeros_like(v), None\n")
+
+
+# A planted slowdown of the recurrent op: its forward kernel twice more, same results.
+SLOWER_FUSED = """        for _ in range(2):
+            fused_recurrent_linear_attn_fwd_kernel[(triton.cdiv(V, BV), N * H)](
+                q, k, v, o, initial_state, ht, cu_seqlens, scale, T, H=H, K=K, V=V, T_MAX=max_len, BK=BK, BV=BV,
+                USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state,
+                IS_VARLEN=cu_seqlens is not None)
+        ctx.save_for_backward(q, k, v, initial_state, cu_seqlens)
+"""
+
+
+def branch(repo: Path, name: str, path: Path, old: str, new: str) -> str:
+    """A branch off main with one edit, committed; main stays checked out."""
+    git(repo, "checkout", "-q", "-b", name)
+    edit(repo / path, old, new)
+    git(repo, "commit", "-qam", name)
+    git(repo, "checkout", "-q", "main")
+    return git(repo, "rev-parse", name).strip()
+
+
+def make_candidates(repo: Path) -> Path:
+    """Four branches off main: honest (chunks of 64: half the sequential steps), neutral (a comment),
+    cheat (zeros at the bench's shape and dtype), broken (an import that fails)."""
+    branch(repo, "honest", CHUNK, "CHUNK_SIZE = 32", "CHUNK_SIZE = 64")
+    branch(repo, "neutral", CHUNK, "CHUNK_SIZE = 32", "CHUNK_SIZE = 32  # tiles of 32 timesteps")
+    branch(repo, "cheat", CHUNK, *CHEAT)
+    branch(repo, "broken", CHUNK, "import torch\n", "import torch\nimport no_such_module_anywhere\n")
+    return repo
+
+
+def sweep(repo: Path, *args: str, env: dict | None = None, timeout: float = 600):
+    r = flaloop(repo, "sweep", *args, "--json", *QUICK, env=env, timeout=timeout)
+    return r, (json.loads(r.stdout) if r.stdout.strip() else {})
+
+
+def rows(doc: dict) -> dict[str, dict]:
+    return {c["ref"]: c for c in doc["candidates"]}
+
+
+def check_ranking(doc: dict) -> None:
+    got = rows(doc)
+    assert [c["ref"] for c in doc["candidates"]][:2] == ["honest", "neutral"]
+    honest, neutral, cheat, broken = (got[k] for k in ("honest", "neutral", "cheat", "broken"))
+    assert honest["rank"] == 1 and honest["status"] == "ok" and honest["verdict"] == "FASTER"
+    assert honest["geomean"]["ci_low"] > 1.1
+    # the neutral change measures near 1 (a few pairs on a shared 2-core CPU may still call a few % either way)
+    assert neutral["rank"] == 2 and neutral["status"] == "ok" and 0.85 < neutral["geomean"]["speedup"] < 1.15
+    assert cheat["status"] == "blocked" and cheat["rank"] is None and "shape-branch" in cheat["reason"]
+    assert cheat["gate"] is None and cheat["record"] is None  # the static rules stopped it: no gate, no bench
+    assert broken["status"] == "failed" and broken["rank"] is None
+    assert "could not test it" in broken["reason"] and "no_such_module_anywhere" in broken["reason"]
+    assert honest["gate"]["green"] is True and broken["gate"]["green"] is False
+
+
