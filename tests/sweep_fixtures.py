@@ -68,3 +68,16 @@ def check_ranking(doc: dict) -> None:
     assert honest["gate"]["green"] is True and broken["gate"]["green"] is False
 
 
+
+
+SLEEPY = ("    _, T, H, K = q.shape\n",
+          "    _, T, H, K = q.shape\n"
+          "    import os, time\n"
+          "    if os.environ.get('SWEEP_MARK'):\n"
+          "        open(os.environ['SWEEP_MARK'], 'a').write('running\\n')\n"
+          "        time.sleep(120)\n")
+
+
+def sleepy_branch(repo: Path) -> None:
+    """A candidate whose op sleeps two minutes (once SWEEP_MARK names a file it writes to first)."""
+    branch(repo, "sleepy", CHUNK, *SLEEPY)

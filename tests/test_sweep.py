@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import OP, flaloop, git
-from sweep_fixtures import QUICK, check_ranking, rows, sweep
+from conftest import GIT_ENV, OP, alive, descendants, flaloop, git, wait_for, worktrees
+from sweep_fixtures import QUICK, check_ranking, rows, sleepy_branch, sweep
 
 
 def test_a_local_sweep_ranks_the_honest_candidate_first_blocks_the_cheat_and_fails_the_broken_one(candidates):
@@ -89,3 +92,29 @@ def test_iter_from_sweep_puts_the_candidate_in_the_working_tree_and_keeps_it(can
     msg = git(repo, "log", "-1", "--format=%B")
     assert "Flaloop-Sweep: " in msg and git(repo, "rev-parse", "honest").strip() in msg
     assert git(repo, "diff", "HEAD", "honest").strip() == ""  # the committed change is the candidate's
+
+
+def test_ctrl_c_withdraws_the_sweep_and_leaves_no_worktree_or_process(candidates, tmp_path):
+    repo = candidates
+    sleepy_branch(repo)
+    mark = tmp_path / "mark"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SWEEP_MARK": str(mark), **GIT_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sweep", OP, "--candidates", "sleepy", "honest",
+                             "--json", *QUICK], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        assert wait_for(lambda: mark.exists(), 120), "the sleepy candidate's gate never ran its op"
+        below = descendants(proc.pid)
+        assert below and len(worktrees(repo)) >= 2  # pytest running in the candidate's worktree
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    except BaseException:
+        proc.kill()
+        raise
+    assert proc.returncode == 130, err[-3000:]
+    doc = json.loads(out)
+    assert doc["error"] == "interrupted" and doc["exit_code"] == 130
+    rec = json.loads(Path(doc["record"]).read_text())  # the sweep record, kept
+    assert rec["interrupted"] is True and {r["ref"] for r in rec["rows"]} == {"sleepy", "honest"}
+    assert worktrees(repo) == [str(repo)]
+    assert wait_for(lambda: not [p for p in below if alive(p)], 10), "a gate or worker outlived the sweep"

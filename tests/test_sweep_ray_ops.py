@@ -8,11 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from conftest import GIT_ENV, OP, assert_user_state_kept, edit, git, user_state, wait_for, worktrees
-from sweep_fixtures import CHUNK, FUSED, QUICK, SLOWER_FUSED, check_ranking, sweep
+from sweep_fixtures import CHUNK, FUSED, QUICK, SLOWER_FUSED, check_ranking, sleepy_branch, sweep
 
 
 def _ray_procs() -> list[int]:
@@ -53,6 +54,29 @@ def test_a_ray_sweep_ranks_the_same_and_a_killed_worker_is_retried(candidates):
     assert retried[0]["status"] in ("ok", "failed") and retried[0]["ref"] in ("honest", "neutral", "broken")
     assert worktrees(repo) == [str(repo)]
     assert not _ray_procs()  # the local Ray instance is gone with the sweep
+
+
+def test_ctrl_c_cancels_every_ray_task(candidates, tmp_path):
+    repo = candidates
+    sleepy_branch(repo)
+    mark = tmp_path / "mark"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SWEEP_MARK": str(mark), **GIT_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sweep", OP, "--candidates", "sleepy", "--executor",
+                             "ray", "--json", *QUICK], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert wait_for(lambda: mark.exists(), 180), "the sleepy candidate's gate never ran its op on Ray"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    except BaseException:
+        proc.kill()
+        raise
+    assert proc.returncode == 130, err[-3000:]
+    assert json.loads(out)["error"] == "interrupted"
+    assert wait_for(lambda: not _ray_procs(), 20), "a Ray task outlived the sweep"
+    assert worktrees(repo) == [str(repo)]
+    node = Path(tempfile.gettempdir()) / f"flaloop-ray-{os.getuid()}"
+    assert not [p for p in node.glob("*/*")] if node.exists() else True  # no task directory left
 
 
 def test_ops_changed_benches_only_the_op_whose_code_the_diff_touches(repo):

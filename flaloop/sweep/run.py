@@ -171,6 +171,7 @@ def run(target, *, kind: str, entries: list[Entry], base: TreeRef, cfg: BenchCon
                       executor=executor.describe(), config=cfg.to_dict(), command=command, margin=cfg.margin)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     by_key = {e.row.key: e for e in entries}
+    stopped: BaseException | None = None
     try:
         jobs = prepare(target, entries, base, cfg=cfg, shapes=shapes, gate=gate, regate=regate,
                        gate_workers=gate_workers, command=command, say=say)
@@ -178,8 +179,8 @@ def run(target, *, kind: str, entries: list[Entry], base: TreeRef, cfg: BenchCon
             e = by_key[result.key]
             finish_row(e, result, sweep_dir, cfg.margin)
             on_event("done", key=result.key, status=e.row.status, verdict=e.row.verdict)
-    except (KeyboardInterrupt, SystemExit):
-        rec.interrupted = True
+    except (KeyboardInterrupt, SystemExit) as exc:
+        rec.interrupted, stopped = True, exc
         for e in entries:
             if e.job is not None and e.row.status == "failed" and not e.row.reason:
                 e.row.reason = "withdrawn (interrupted)"
@@ -192,10 +193,13 @@ def run(target, *, kind: str, entries: list[Entry], base: TreeRef, cfg: BenchCon
         rec.rank()
         rec.wall_s = round(time.monotonic() - t0, 2)
         sweep_record.write(sweep_dir, rec)
-        try:
-            sweep_record.plot(rec, sweep_dir / "sweep.png")
-        except Exception as exc:  # noqa: BLE001 - a plot that cannot be drawn costs the plot, never the record
-            say(f"no plot: {type(exc).__name__}: {exc}")
+        if stopped is not None:
+            stopped.record_path = rec.path  # type: ignore[attr-defined]  # so that --json can name it
+        else:
+            try:
+                sweep_record.plot(rec, sweep_dir / "sweep.png")
+            except Exception as exc:  # noqa: BLE001 - a plot that cannot be drawn costs the plot, never the record
+                say(f"no plot: {type(exc).__name__}: {exc}")
     return rec
 
 
