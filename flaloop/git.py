@@ -369,6 +369,14 @@ def keep_ref(root: Path, name: str, commit: str) -> str:
     return ref
 
 
+def drop_refs(root: Path, prefix: str) -> int:
+    """Delete every `refs/flaloop/<prefix>...` ref (a pruned sweep's); how many."""
+    refs = _git(root, "for-each-ref", "--format=%(refname)", f"refs/flaloop/{prefix}").stdout.split()
+    for ref in refs:
+        _git(root, "update-ref", "-d", ref, check=False)
+    return len(refs)
+
+
 def patch_commit(root: Path, base: str, patch: Path) -> str:
     """A commit on top of `base` with `patch` (a unified diff, `git diff` or `git format-patch`)
     applied, made in a temporary index; UsageError quoting git when it does not apply."""

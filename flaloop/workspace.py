@@ -2,11 +2,13 @@
 
 Areas: `runs/` (one directory per bench run: record.json and worker logs), `gate/` (last.json,
 pytest logs, baselines), `triton-cache/` (Triton's kernels and autotune picks, see
-bench/session.py), `iters/` (iteration records of the loop), `trace/` (profiler output).
+bench/measure.py), `iters/` (iteration records of the loop), `trace/` (profiler output),
+`sweeps/` (one directory per sweep: its record, plot and its candidates' run records).
 
-`clean` keeps the newest N run directories and gate logs, and every one that an iteration
-record, OPT_LOG.md, dispatch.md or a report names; it never touches iters/, OPT_LOG.md, the
-contract, caches or baselines.
+`clean` keeps the newest N run directories, gate logs and sweeps, and every one that an
+iteration record, OPT_LOG.md, dispatch.md or a report names; it never touches iters/, OPT_LOG.md,
+the contract, caches or baselines. A sweep removed takes its `refs/flaloop/sweeps/<stamp>/` refs
+along (the caller drops them: `removed_sweeps`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from flaloop.errors import UsageError
 from flaloop.fsutil import dir_bytes
 
-AREAS = ("runs", "gate", "triton-cache", "iters", "trace")
+AREAS = ("runs", "gate", "triton-cache", "iters", "trace", "sweeps")
 # Files and folders whose text may cite a run record or gate log by its name.
 CITING = ("iters", "OPT_LOG.md", "dispatch.md", "report", "reports", "report.md", "report.json")
 
@@ -74,8 +76,10 @@ def plan_clean(target, op: str, keep: int) -> tuple[CleanPlan, list[Path]]:
     runs = sorted((p for p in (ws / "runs").glob("*") if p.is_dir()), key=lambda p: p.name) \
         if (ws / "runs").is_dir() else []
     logs = sorted((ws / "gate").glob("gate-*.log"), key=lambda p: p.name)
+    sweeps = sorted((p for p in (ws / "sweeps").glob("*") if p.is_dir()), key=lambda p: p.name) \
+        if (ws / "sweeps").is_dir() else []
     plan, doomed = CleanPlan(), []
-    for group in (runs, logs):
+    for group in (runs, logs, sweeps):
         newest = set(group[len(group) - keep:]) if keep else set()
         for p in group:
             rel = str(p.relative_to(ws))
@@ -91,8 +95,13 @@ def plan_clean(target, op: str, keep: int) -> tuple[CleanPlan, list[Path]]:
     return plan, doomed
 
 
+def removed_sweeps(plan: CleanPlan) -> list[str]:
+    """The stamps of the sweeps a clean removes (their refs go with them)."""
+    return [Path(rel).name for rel in plan.removed if rel.startswith("sweeps/")]
+
+
 def clean(target, op: str, keep: int, dry_run: bool = False) -> CleanPlan:
-    """Remove old run directories and gate logs of the op (see module docstring)."""
+    """Remove old run directories, gate logs and sweeps of the op (see module docstring)."""
     plan, doomed = plan_clean(target, op, keep)
     if not dry_run:
         for p in doomed:

@@ -92,6 +92,16 @@ def test_iter_from_sweep_puts_the_candidate_in_the_working_tree_and_keeps_it(can
     msg = git(repo, "log", "-1", "--format=%B")
     assert "Flaloop-Sweep: " in msg and git(repo, "rev-parse", "honest").strip() in msg
     assert git(repo, "diff", "HEAD", "honest").strip() == ""  # the committed change is the candidate's
+    # clean keeps the sweep the iteration came from, and takes an uncited one with its refs
+    r, other = sweep(repo, OP, "--candidates", "cheat")
+    assert r.code == 0 and other["candidates"][0]["status"] == "blocked"
+    stamp = Path(other["path"]).parent.name
+    assert git(repo, "for-each-ref", f"refs/flaloop/sweeps/{stamp}/")
+    cleaned = flaloop(repo, "clean", OP, "--keep", "0", "--json")
+    assert cleaned.code == 0, cleaned.stderr
+    assert f"sweeps/{Path(sweep_dir).name}" in cleaned.json["cited"] and f"sweeps/{stamp}" in cleaned.json["removed"]
+    assert not git(repo, "for-each-ref", f"refs/flaloop/sweeps/{stamp}/").strip()
+    assert Path(sweep_dir).is_dir() and not Path(other["path"]).exists()
 
 
 def test_ctrl_c_withdraws_the_sweep_and_leaves_no_worktree_or_process(candidates, tmp_path):

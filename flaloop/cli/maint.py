@@ -1,4 +1,4 @@
-"""`flaloop clean`: prune old run records and gate logs of an op's workspace."""
+"""`flaloop clean`: prune old run records, gate logs and sweeps of an op's workspace."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from flaloop import workspace
+from flaloop import git, workspace
 from flaloop.bench import forkservers
 from flaloop.cli.app import JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, emit_json, human, with_options
 from flaloop.target import Target
@@ -24,13 +24,14 @@ def _mb(n: int) -> str:
 @with_options(LockOptions)
 def clean_cmd(
     op: str,
-    keep: Annotated[int, typer.Option("--keep", help="Keep the newest N run records and gate logs.")] = 10,
+    keep: Annotated[int, typer.Option("--keep", help="Keep the newest N run records, gate logs and sweeps.")] = 10,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be removed.")] = False,
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Remove old run records and gate logs; keep the newest N and every one an iteration or report cites.
-    Also stops this user's warm fork servers (they start again with the next bench)."""
+    """Remove old run records, gate logs and sweeps (with their refs/flaloop/sweeps/ refs); keep the newest N
+    and every one an iteration or report cites. Also stops this user's warm fork servers (they start
+    again with the next bench)."""
     target = Target.discover(repo, python)
     console = human(as_json)
     if not target.workspace(op).is_dir():  # before the lock, which would create the workspace
@@ -38,14 +39,18 @@ def clean_cmd(
     with lock_options.hold(target, op, console, "clean"):
         before = workspace.usage(target, op)
         plan = workspace.clean(target, op, keep, dry_run)
+        refs = 0 if dry_run else sum(git.drop_refs(target.root, f"sweeps/{stamp}/")
+                                     for stamp in workspace.removed_sweeps(plan))
         after = workspace.usage(target, op)
     stopped = 0 if dry_run else forkservers.stop_all()
     if as_json:
         emit_json({"ok": True, "op": op, "dry_run": dry_run, **plan.to_dict(), "usage_before": before,
-                   "usage": after, "forkservers_stopped": stopped})
+                   "usage": after, "forkservers_stopped": stopped, "refs_dropped": refs})
         return
     verb = "would remove" if dry_run else "removed"
-    console.print(f"{verb} {len(plan.removed)} run record(s) and gate log(s) ({_mb(plan.freed_bytes)}); "
+    n_sweeps = len(workspace.removed_sweeps(plan))
+    console.print(f"{verb} {len(plan.removed) - n_sweeps} run record(s) and gate log(s)"
+                  + (f" and {n_sweeps} sweep(s)" if n_sweeps else "") + f" ({_mb(plan.freed_bytes)}); "
                   f"kept {len(plan.kept)}, {len(plan.cited)} of them cited by an iteration or the report")
     for rel in plan.removed if dry_run else []:
         console.print(f"  {rel}")

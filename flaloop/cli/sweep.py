@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +24,7 @@ from rich.table import Table
 
 from flaloop import git, locks
 from flaloop.bench.plan import base_ref, working_tree
+from flaloop.bench.record import TreeRef, now_stamp
 from flaloop.bench.run import triton_cache
 from flaloop.cli.app import (
     JsonOpt,
@@ -39,6 +42,7 @@ from flaloop.cli.app import (
 from flaloop.cli.measure import BenchOptions, parse_gpus
 from flaloop.contract import Contract, create
 from flaloop.errors import UsageError
+from flaloop.fsutil import unique_dir
 from flaloop.sweep import candidates as cand_mod
 from flaloop.sweep import ops as ops_mod
 from flaloop.sweep import record as sweep_record
@@ -171,9 +175,7 @@ def _ops_entries(target: Target, spec: str, bench_options, console: Console):
     return base, entries, len(changed)
 
 
-def base_ref_of(target: Target, commit: str, ref: str):
-    from flaloop.bench.record import TreeRef
-
+def base_ref_of(target: Target, commit: str, ref: str) -> TreeRef:
     return TreeRef(commit=commit, ref=ref, tree=git.tree_of(target.root, commit))
 
 
@@ -229,32 +231,35 @@ def sweep_cmd(
         raise UsageError(f"--retries {retries}: need 0 or more")
     target = Target.discover(repo, python)
     gpu_list = parse_gpus(gpus)
-    stamp_dir_op = op if ops is None else None
-    from flaloop.bench.record import now_stamp
-
-    stamp = now_stamp()
-    if ops is None:
-        contract, base, entries = _candidate_entries(target, op, refs, patches, bench_options, max_candidates, stamp)
-        cfg = bench_options.config(contract)
-        locked = [op]
-    else:
-        base, entries, _ = _ops_entries(target, ops, bench_options, console)
-        if not entries:
-            doc = {"ok": True, "kind": "sweep", "sweep": "ops", "candidates": [], "base": base.commit, "exit_code": 0}
-            if as_json:
-                emit_json(doc)
-            else:
-                out.print(f"the change against {base.commit[:12]} touches no op's code: nothing to measure")
-            raise typer.Exit(0)
-        if len(entries) > max_candidates:
-            raise UsageError(f"{len(entries)} ops, more than --max-candidates {max_candidates}",
-                             f"check fewer (--ops a,b), or raise the limit with --max-candidates {len(entries)}")
-        cfg = bench_options.config(entries[0].contract)
-        locked = sorted({e.contract.op for e in entries})
-    root_dir = sweep_run.sweeps_dir(target, stamp_dir_op)
+    root_dir = sweep_run.sweeps_dir(target, op if ops is None else None)
     git.ensure_ignored(target.root, os.path.relpath(root_dir, target.root))
-    import threading
-
+    # the sweep's directory first: its name is the stamp its candidates' refs are kept under
+    sweep_dir = unique_dir(root_dir, now_stamp())
+    try:
+        if ops is None:
+            contract, base, entries = _candidate_entries(target, op, refs, patches, bench_options, max_candidates,
+                                                         sweep_dir.name)
+            cfg = bench_options.config(contract)
+            locked = [op]
+        else:
+            base, entries, _ = _ops_entries(target, ops, bench_options, console)
+            if len(entries) > max_candidates:
+                raise UsageError(f"{len(entries)} ops, more than --max-candidates {max_candidates}",
+                                 f"check fewer (--ops a,b), or raise the limit with --max-candidates {len(entries)}")
+            cfg = bench_options.config(entries[0].contract) if entries else None
+            locked = sorted({e.contract.op for e in entries})
+    except BaseException:
+        with contextlib.suppress(OSError):
+            sweep_dir.rmdir()
+        raise
+    if not entries:
+        sweep_dir.rmdir()
+        if as_json:
+            emit_json({"ok": True, "kind": "sweep", "sweep": "ops", "candidates": [], "base": asdict(base),
+                       "exit_code": 0})
+        else:
+            out.print(f"the change against {base.commit[:12]} touches no op's code: nothing to measure")
+        raise typer.Exit(0)
     cancel = threading.Event()
     with contextlib.ExitStack() as stack:
         for name in locked:  # in name order: two sweeps over overlapping ops never wait on each other in a circle
@@ -262,9 +267,6 @@ def sweep_cmd(
                                                      on_wait=lambda h, n=name: console.print(locks.waiting_message(h, n))))
         for pid, path in git.reap_stale_worktrees(target.root):
             console.print(f"removed a worktree left by a killed flaloop run (pid {pid}): {path}")
-        from flaloop.fsutil import unique_dir
-
-        sweep_dir = unique_dir(root_dir, stamp)
         ex = _executor(executor, address, target, sweep_dir, gpu_list, retries, cancel, console)
         stack.callback(ex.close)
         rows = {e.row.key: e.row for e in entries}
