@@ -4,9 +4,12 @@ a cheat the guard names, one that does not import) and how the tests call and re
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import edit, flaloop, git
+from conftest import GIT_ENV, OP, edit, flaloop, git
 
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 FUSED = Path("minifla/ops/linear_attn/fused_recurrent.py")
@@ -83,3 +86,10 @@ SLEEPY = ("    _, T, H, K = q.shape\n",
 def sleepy_branch(repo: Path) -> None:
     """A candidate whose op sleeps two minutes (once SWEEP_MARK names a file it writes to first)."""
     branch(repo, "sleepy", CHUNK, *SLEEPY)
+
+
+def start_sweep(repo: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """`flaloop sweep OP ARGS --json` with the quick settings, as a process the test can signal."""
+    return subprocess.Popen([sys.executable, "-m", "flaloop", "sweep", OP, *args, "--json", *QUICK], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TRITON_INTERPRET": "1", **GIT_ENV, **(env or {})})

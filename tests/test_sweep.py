@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import GIT_ENV, OP, alive, descendants, flaloop, git, wait_for, worktrees
-from sweep_fixtures import QUICK, check_ranking, rows, sleepy_branch, sweep
+from conftest import OP, alive, descendants, flaloop, git, wait_for, worktrees
+from sweep_fixtures import QUICK, check_ranking, rows, sleepy_branch, start_sweep, sweep
 
 
 def test_a_local_sweep_ranks_the_honest_candidate_first_blocks_the_cheat_and_fails_the_broken_one(candidates):
@@ -108,10 +106,7 @@ def test_ctrl_c_withdraws_the_sweep_and_leaves_no_worktree_or_process(candidates
     repo = candidates
     sleepy_branch(repo)
     mark = tmp_path / "mark"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "SWEEP_MARK": str(mark), **GIT_ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sweep", OP, "--candidates", "sleepy", "honest",
-                             "--json", *QUICK], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = start_sweep(repo, "--candidates", "sleepy", "honest", env={"SWEEP_MARK": str(mark)})
     try:
         assert wait_for(lambda: mark.exists(), 120), "the sleepy candidate's gate never ran its op"
         below = descendants(proc.pid)

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from conftest import GIT_ENV, OP, assert_user_state_kept, edit, git, user_state, wait_for, worktrees
-from sweep_fixtures import CHUNK, FUSED, QUICK, SLOWER_FUSED, check_ranking, sleepy_branch, sweep
+from conftest import OP, assert_user_state_kept, edit, git, user_state, wait_for, worktrees
+from sweep_fixtures import CHUNK, FUSED, SLOWER_FUSED, check_ranking, sleepy_branch, start_sweep, sweep
 
 
 def _ray_procs() -> list[int]:
@@ -31,10 +29,7 @@ def _ray_procs() -> list[int]:
 def test_a_ray_sweep_ranks_the_same_and_a_killed_worker_is_retried(candidates):
     repo = candidates
     before = user_state(repo)
-    env = {**os.environ, "TRITON_INTERPRET": "1", **GIT_ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sweep", OP, "--candidates", "honest", "neutral",
-                             "cheat", "broken", "--executor", "ray", "--json", *QUICK], cwd=repo,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = start_sweep(repo, "--candidates", "honest", "neutral", "cheat", "broken", "--executor", "ray")
     try:
         victim = wait_for(_ray_procs, 180, step=0.05)
         assert victim, "no Ray task ever ran"
@@ -60,10 +55,7 @@ def test_ctrl_c_cancels_every_ray_task(candidates, tmp_path):
     repo = candidates
     sleepy_branch(repo)
     mark = tmp_path / "mark"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "SWEEP_MARK": str(mark), **GIT_ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sweep", OP, "--candidates", "sleepy", "--executor",
-                             "ray", "--json", *QUICK], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = start_sweep(repo, "--candidates", "sleepy", "--executor", "ray", env={"SWEEP_MARK": str(mark)})
     try:
         assert wait_for(lambda: mark.exists(), 180), "the sleepy candidate's gate never ran its op on Ray"
         proc.send_signal(signal.SIGINT)

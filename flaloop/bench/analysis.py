@@ -131,16 +131,18 @@ def analyse(results: list[CellResult], margin: float, seed: int = 0, aa: bool = 
             r.reason = (r.reason + "; " if r.reason else "") + f"guard: {', '.join(rules)} (measured {was})"
         elif r.status != "ok":
             r.verdict = r.status.upper()
-    geo = GeomeanSummary(**stats.geomean(ratios, verdicts=verdicts, seed=seed).to_dict()) if measured else None
-    if geo is not None:
-        geo.worst_cell_id = measured[geo.worst_cell].cell.id
-    if geo is not None and len(measured) > 2:
-        # leave-one-out: how much the geomean leans on its single best cell (a near-zero cell
-        # collapsing the geomean is a known way to fake a win)
-        thetas = [-math.log(r.estimate.speedup) for r in measured]
-        best = int(np.argmin(thetas))
-        geo.without_best_cell = math.exp(-float(np.mean([t for i, t in enumerate(thetas) if i != best])))
-        geo.best_cell_id = measured[best].cell.id
+    geo = None
+    if measured:
+        est = stats.geomean(ratios, verdicts=verdicts, seed=seed)
+        named: dict = {"worst_cell_id": measured[est.worst_cell].cell.id}
+        if len(measured) > 2:
+            # leave-one-out: how much the geomean leans on its single best cell (a near-zero cell
+            # collapsing the geomean is a known way to fake a win)
+            thetas = [-math.log(r.estimate.speedup) for r in measured]
+            best = int(np.argmin(thetas))
+            named.update(without_best_cell=math.exp(-float(np.mean([t for i, t in enumerate(thetas) if i != best]))),
+                         best_cell_id=measured[best].cell.id)
+        geo = GeomeanSummary(**est.to_dict(), **named)
     return RunSummary(geomean=geo, n_cells=len(results), n_measured=len(measured),
                       n_blocked=sum(r.verdict == "BLOCKED" for r in results),
                       n_refused=sum(r.status == "refused" for r in results),

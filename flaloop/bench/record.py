@@ -21,6 +21,7 @@ from flaloop import fsutil
 from flaloop.bench.model import BenchConfig, CellResult
 from flaloop.errors import UsageError
 from flaloop.guard.findings import Finding
+from flaloop.stats import GeomeanEstimate
 
 SCHEMA = 3
 READABLE = (2, 3)
@@ -53,20 +54,13 @@ class TreeRef:
         return cls(**_known(cls, d))
 
 
-@dataclass
-class GeomeanSummary:
-    """Equal-weight geomean of the measured cells' speedups with its joint CI (stats.geomean)."""
+@dataclass(frozen=True)
+class GeomeanSummary(GeomeanEstimate):
+    """The geomean (stats.GeomeanEstimate) with the cells it names: the worst, and the best one
+    whose removal says how much the geomean leans on it (`without_best_cell`)."""
 
-    speedup: float
-    ci_low: float
-    ci_high: float
-    worst_cell: int
-    worst_speedup: float
-    n_regressions: int
-    n_cells: int
-    method: str = ""
     worst_cell_id: str | None = None
-    without_best_cell: float | None = None  # leave-one-out: how much it leans on its best cell
+    without_best_cell: float | None = None
     best_cell_id: str | None = None
 
     @classmethod
