@@ -20,7 +20,7 @@ from flaloop.bench.model import BenchConfig
 from flaloop.bench.plan import MeasurePlan, base_ref, plan, working_tree
 from flaloop.bench.record import RunRecord, TreeRef
 from flaloop.bench.session import Cancelled, Events
-from flaloop.errors import StorageError
+from flaloop.errors import MeasurementError, StorageError
 from flaloop.gate import last_gate_for
 from flaloop.guard.audit import audit
 
@@ -49,7 +49,8 @@ def plan_working_tree(target, contract, *, base: str | None, shapes: list[str] |
 
 def run_plan(target, p: MeasurePlan, *, on_event: Events | None = None, gpu: str | None = None,
              cancel: threading.Event | None = None, run_dir: Path | None = None) -> RunRecord:
-    """Measure a plan on this machine and keep its record (also of a cut-short run)."""
+    """Measure a plan on this machine and keep its record (also of a run cut short, or one whose workers
+    failed after they answered: then `exc.record_path` names it)."""
     ws = target.workspace(p.op)
     created = record_mod.now_stamp()
     # its own directory, even when another run of this op started within the same second
@@ -57,10 +58,13 @@ def run_plan(target, p: MeasurePlan, *, on_event: Events | None = None, gpu: str
     try:
         m = measure(p, repo=target.root, run_dir=run_dir, triton_cache=triton_cache(ws), gpu=gpu,
                     on_event=on_event, cancel=cancel)
-    except (KeyboardInterrupt, Cancelled) as exc:
+    except (KeyboardInterrupt, Cancelled, MeasurementError) as exc:
         m = getattr(exc, "measurement", None)
-        if m is not None and m.started:
-            m.interrupted = True
+        if m is not None and m.started:  # the workers answered: what they measured is kept
+            if isinstance(exc, MeasurementError):
+                m.errors.append(exc.message)
+            else:
+                m.interrupted = True
             rec = finish(p, m, created=created, gpu=gpu)
             with contextlib.suppress(StorageError):  # an interrupt outranks a record that could not be kept
                 record_mod.write(run_dir, rec)

@@ -66,6 +66,8 @@ def _reap(root: Path) -> None:
             pid, where = owner.read_text().split()
             if where == host and not _alive(int(pid)):
                 shutil.rmtree(owner.parent, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    owner.parent.parent.rmdir()  # the sweep's directory, once its last task's is gone
         except (OSError, ValueError):
             continue
 
