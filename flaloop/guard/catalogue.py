@@ -110,7 +110,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          "review these files by hand; prefer the contract's languages"),
 ]}
 
-# The dynamic probes (flaloop/bench/worker/probes.py and integrity.py, judged in guard/probes.py).
+# The dynamic probes (flaloop/bench/worker/probes.py and integrity.py, judged in guard/dynamic.py).
 PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
     Rule("differs-from-base", BLOCK, "the candidate's outputs or gradients differ from the base's on a bench cell",
          "the gate's shapes are not the bench's: garbage for a shape only the bench uses (seen on FLA), a "

@@ -1,6 +1,6 @@
 """A guard finding: what was seen, where, why it matters and what to do.
 
-Static rules (guard/static.py) and dynamic probes (bench workers, judged in guard/probes.py)
+Static rules (guard/static.py) and dynamic probes (bench workers, judged in guard/dynamic.py)
 speak this one type, so the CLI, the run record, OPT_LOG and the report print them alike.
 """
 

@@ -1,7 +1,7 @@
 """The guard's dynamic probes, run on every bench cell in both workers during the warm-up.
 
 Each probe reports facts about this side; the session compares the two sides and turns
-differences into findings (flaloop/guard/probes.py, docs/GUARD.md). The probes never run during
+differences into findings (flaloop/guard/dynamic.py, docs/GUARD.md). The probes never run during
 timing: they may patch allocators or wrap Triton's launcher, and undo it before returning.
 
   outputs      tensor subclasses, outputs sharing storage with inputs, values that change after
