@@ -58,7 +58,7 @@ def print_sweep(rec: SweepRecord, console: Console) -> None:
     what = f"{rec.ops[0]}: {len(rec.rows)} candidate(s)" if rec.kind == "candidates" else \
         f"{len(rec.rows)} op(s) the change touches"
     headers = sweep_record.HEADERS if rec.kind == "candidates" else ["rank", "op", *sweep_record.HEADERS[2:]]
-    table = Table(title=f"sweep of {what}, against {rec.base.ref or ''} ({rec.base.commit[:12]})")
+    table = Table(title=f"sweep of {what}, against the base {rec.base.commit[:12]}")
     for h in headers:
         table.add_column(h, overflow="fold")
     for row in sweep_record.table_rows(rec):

@@ -36,7 +36,8 @@ def source(target, op: str, where: str, name: str) -> dict:
                          f"name a sweep of {op} (profile/{op}-opt/sweeps/)")
     row = rec.row(name)
     if row.status != "ok":
-        raise UsageError(f"{row.ref} was {row.status} in that sweep: {row.reason or row.verdict}",
+        what = "was blocked" if row.status == "blocked" else "could not be measured"
+        raise UsageError(f"{row.ref} {what} in that sweep: {row.reason or row.verdict}",
                          "only a measured candidate is iterated from a sweep: fix it, then sweep again "
                          "(or make the change in the working tree and run `flaloop iter` on it)")
     git.require_commit(target.root, row.commit, f"the sweep's candidate {row.ref}")

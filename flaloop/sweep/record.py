@@ -161,7 +161,7 @@ def render_markdown(rec: SweepRecord) -> str:
     what = "candidates of " + rec.ops[0] if rec.kind == "candidates" else "ops touched by the change"
     headers = HEADERS if rec.kind == "candidates" else ["rank", "op", *HEADERS[2:]]
     lines = [f"# Sweep: {what}", "",
-             f"Base `{rec.base.ref or ''}` = `{rec.base.commit}`; {len(rec.rows)} row(s); executor "
+             f"Base `{rec.base.commit}`" + (f" (`{rec.base.ref}`)" if rec.base.ref else "") + f"; {len(rec.rows)} row(s); executor "
              f"{rec.executor.get('kind', '?')} ({rec.executor.get('slots', '?')} at a time); {rec.wall_s:.0f} s.",
              f"Margin ±{rec.margin:.1%}. A sweep ranks; it promotes nothing: `flaloop iter OP --from-sweep "
              f"{Path(rec.path).parent if rec.path else 'SWEEP'} REF` gates and measures a candidate again as one "
