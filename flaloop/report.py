@@ -22,12 +22,15 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from flaloop import evidence, git, roofline
 from flaloop.bench import record as record_mod
+from flaloop.bench.model import cli_args
 from flaloop.bench.record import RunRecord
 from flaloop.errors import UsageError
 
@@ -369,6 +372,23 @@ def _profile_for(root: Path, profiles: list[dict], state: dict) -> dict | None:
     return mine[-1] if mine else None
 
 
+def reproduce_commands(op: str, record: RunRecord, contract: dict, claim: Claim) -> dict:
+    """The commands that measure the claim again, each quoted for a shell: the gate, `verify` with
+    the record's own options against its base (never `iter`, which would commit), the A/A, the
+    profile and this report; run in a checkout of `commit` (the claim's, or the measured snapshot's)."""
+    ns = SimpleNamespace(**{k: contract.get(k) for k in ("modes", "varlen", "input_overrides")})
+    shapes = list(dict.fromkeys(c.cell.shape_name for c in record.cells if not c.cell.varlen))
+    pick = [] if shapes == list(contract.get("shapes") or []) else [x for sh in shapes for x in ("--shapes", sh)]
+    args = ["--base", record.base.commit, *pick, *cli_args(record.config, ns)]
+    commit = claim.commit if claim.tree and claim.tree == record.candidate.tree else record.candidate.commit
+    return {"commit": commit, "commands": [
+        shlex.join(["flaloop", "gate", op]),
+        shlex.join(["flaloop", "verify", op, *args]),
+        shlex.join(["flaloop", "bench", op, "--aa", *args]),
+        shlex.join(["flaloop", "profile", op]),
+        shlex.join(["flaloop", "report", op])]}
+
+
 # -- the whole report -----------------------------------------------------------------------------
 
 def build(target, op: str, family: roofline.Family | None = None, ceilings: roofline.Ceilings | None = None) -> dict:
@@ -406,10 +426,11 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     aa = _newest_aa(records, record.base.commit)
     profile = _profile_for(target.root, load_profiles(ws), _candidate_state(record))
     concl = conclusion(geo, rows, claim, contract.get("target_speedup"))
+    reproduce = reproduce_commands(op, record, contract, claim)
     claim_ok = not (refusals and concl["kind"] in WIN)
     verdicts = [r["verdict"] for r in rows]
     doc = {
-        "ok": claim_ok, "op": op, "kind": "report",
+        "ok": claim_ok, "op": op, "kind": "report", "repo": str(target.root),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "claim": claim.to_dict(), "claim_ok": claim_ok, "conclusion": concl,
         "refused": [r.to_dict() for r in refusals] if not claim_ok else [],
@@ -424,6 +445,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         "coverage": {"dense": [r["id"] for r in rows if not r["varlen"]], "varlen": [r["id"] for r in rows if r["varlen"]],
                      "modes": sorted({r["mode"] for r in rows if r["mode"]}),
                      "shapes": sorted({r["shape_name"] for r in rows if r["shape_name"]})},
+        "reproduce": reproduce,
         "commands": {"bench": record.command or "", "gate": f"flaloop gate {op}",
                      "aa": aa["command"] if aa else f"flaloop bench {op} --aa",
                      "profile": (profile or {}).get("command") or f"flaloop profile {op}",

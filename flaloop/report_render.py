@@ -3,6 +3,7 @@ benchmark, profile, conclusion and risk), from the dict `report.build()` returns
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -54,7 +55,9 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
     if doc["trajectory"]:
         L += ["## Trajectory (OPT_LOG)", ""] + _trajectory(doc) + [""]
     if plots:
-        L += ["## Plots", ""] + [f"![{name}]({Path(p).name})" for name, p in plots.items()] + [""]
+        L += ["## Plots", "", "_The images are the PNG files beside this file: pasted into a pull request, attach "
+              "them (drag them into the comment box) and they show; `flaloop report --no-plots` renders this "
+              "page without them._", ""] + [f"![{name}]({Path(p).name})" for name, p in plots.items()] + [""]
     return "\n".join(L)
 
 
@@ -144,15 +147,26 @@ def _benchmark(doc: dict) -> list[str]:
     return out
 
 
+def _rel(doc: dict, path: str | None) -> str | None:
+    """A path as the repository names it (a pull request has no /home/you)."""
+    root = doc.get("repo")
+    if not path or not root:
+        return path
+    rel = os.path.relpath(path, root)
+    return path if rel.startswith("..") else rel
+
+
 def _reproduce(doc: dict) -> list[str]:
-    c, m = doc["commands"], doc["commits"]
+    m, rep = doc["commits"], doc["reproduce"]
     cand = m["candidate"]
-    cmds = [c["gate"], c["bench"] or "(bench command not recorded)", c["aa"], c["profile"], c["report"]]
-    out = ["```sh", *dict.fromkeys(x for x in cmds if x), "```", ""]  # each once, in order
-    out.append(f"- Base: `{m['base_ref']}` = `{m['base_commit']}`")
+    out = ["In a checkout of the measured code, " + f"`{rep['commit']}` "
+           f"(e.g. `git worktree add ../claim {rep['commit'][:12]}`):", "", "```sh", *rep["commands"], "```", ""]
+    out.append(f"- Base: `{m['base_commit']}`" + (f" (`{m['base_ref']}`)" if m["base_ref"] not in (None, m["base_commit"]) else ""))
     dirty = f" + uncommitted diff `{cand['diff_hash']}`" if cand.get("dirty") else ""
     out.append(f"- Candidate: `{cand.get('head')}`{dirty}; claim commit `{m['claim_commit']}`")
-    out.append(f"- Run record: `{doc['records']['claim']}`")
+    out.append(f"- Run record: `{_rel(doc, doc['records']['claim'])}`")
+    if doc["commands"].get("bench"):
+        out.append(f"- The measurement was taken by `{doc['commands']['bench']}`")
     return out
 
 
@@ -198,7 +212,7 @@ def _profile(doc: dict) -> list[str]:
         return [f"No profiler reading of the measured tree state: `{doc['commands']['profile']}`."]
     cell = (p.get("cell") or {}).get("id")
     out = [f"One step of `{cell}` under torch.profiler ({p.get('kernels_are')}), base and candidate "
-           f"(`{p.get('_path')}`):", ""]
+           f"(`{_rel(doc, p.get('_path'))}`):", ""]
     sides = {s: p.get(s) or {} for s in ("base", "cand")}
     what = "GPU kernel" if p.get("device") == "cuda" else "CPU op (self)"
     out += _table(["", "base", "cand"], [
@@ -278,5 +292,5 @@ def _trajectory(doc: dict) -> list[str]:
             for t in doc["trajectory"]]
     out = _table(["iter", "status", "direction", "vs base", "95% CI", "gate", "commit", "note"], rows)
     if doc.get("opt_log"):
-        out += ["", f"Full log: `{doc['opt_log']}`"]
+        out += ["", f"Full log: `{_rel(doc, doc['opt_log'])}`"]
     return out

@@ -3,9 +3,12 @@ real profiler step, then the report's fields, plots and refusals from those stor
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shlex
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import commit_all, edit, flaloop, fresh_copy, git, make_toy_repo
@@ -138,6 +141,18 @@ def test_report_from_a_real_bench_has_every_field_and_plots(profiled, tmp_path):
         assert heading in md
     assert "2 passed of the full file `tests/ops/test_toy.py`" in md
     assert json.loads((out / "report.json").read_text())["op"] == OP
+    # the Reproduce block: commands a shell reads back as they were meant, `verify` (never `iter`,
+    # which commits) with the record's own options, and paths the repository names
+    block = md.split("## Reproduce", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [shlex.split(line) for line in block.splitlines() if line.strip()]
+    assert [a[:2] for a in lines] == [["flaloop", "gate"], ["flaloop", "verify"], ["flaloop", "bench"],
+                                      ["flaloop", "profile"], ["flaloop", "report"]]
+    verify = lines[1]
+    assert verify[verify.index("--base") + 1] == git_mod.head_commit(repo) and "iter" not in block
+    recorded = json.loads(Path(doc["records"]["claim"]).read_text())["config"]
+    assert verify[verify.index("--min-pairs") + 1] == str(recorded["min_pairs"])
+    assert f"`{Path(doc['records']['claim']).relative_to(repo)}`" in md and str(repo) not in md.split("## Reproduce")[1]
+
     import matplotlib.image as mpimg
 
     assert set(doc["files"]["plots"]) == {"speedup", "times"}  # no loop, no trajectory
@@ -145,6 +160,32 @@ def test_report_from_a_real_bench_has_every_field_and_plots(profiled, tmp_path):
         assert Path(png).stat().st_size > 1000
         h, w, _ = mpimg.imread(png).shape
         assert h > 100 and w > 100
+
+def test_the_options_a_record_names_ask_for_the_same_config():
+    """cli_args(cfg) spells a BenchConfig on the command line; the CLI parses it back to the same config."""
+    from typer.main import get_command
+
+    from flaloop.bench.model import BenchConfig, cli_args
+    from flaloop.cli import app
+    from flaloop.cli.measure import BenchOptions
+    from flaloop.contract import MODES
+
+    contract = SimpleNamespace(modes=list(MODES), varlen=False, input_overrides={"k": "l2norm"})
+    cfgs = [BenchConfig(min_pairs=4, max_pairs=9, margin=0.01, half_width=0.005, probes=False, modes=["fwd"],
+                        inputs={"k": "l2norm", "q": "sigmoid"}, independent_tuning=True, import_mode="lean",
+                        cell_seconds=20.0, varlen=True, dtype="float16", forkserver=False, placements=1),
+            BenchConfig(), BenchConfig(signal=True, rounds=1, max_rounds=1, min_pairs=6, max_pairs=40,
+                                       half_width=0.01, cell_seconds=10.0)]
+    bench = get_command(app).commands["bench"]  # type: ignore[attr-defined]
+    for cfg in cfgs:
+        cfg.inputs = {**contract.input_overrides, **cfg.inputs}
+        args = cli_args(cfg, contract)
+        ctx = bench.make_context("bench", ["toy_attn", *args])
+        names = {f.name for f in dataclasses.fields(BenchOptions)}
+        opts = BenchOptions(**{k: v for k, v in ctx.params.items() if k in names})
+        got = opts.config(contract)
+        got.inputs = {**contract.input_overrides, **got.inputs}
+        assert got == cfg, args
 
 
 def test_a_win_on_a_k_gate_is_refused_with_exit_1(toy_measured):

@@ -176,6 +176,37 @@ def flag_of(name: str) -> str:
     return flags[0] if flags else "--" + name.replace("_", "-")
 
 
+def cli_args(cfg: BenchConfig, contract=None) -> list[str]:
+    """The command-line options that ask for `cfg` (those off their default; `from_contract` ones
+    where they differ from the contract's, an input override where the contract lacks it): what
+    reproduces a measurement (a report's Reproduce block)."""
+    out: list[str] = ["--quick"] if cfg.signal else []
+    default = BenchConfig(**({k: v for k, v in QUICK.items() if k != "signal"} if cfg.signal else {}))
+    for f in fields(BenchConfig):
+        meta = f.metadata
+        if not meta.get("cli"):
+            continue
+        value, flag = getattr(cfg, f.name), flag_of(f.name)
+        base = getattr(contract, f.name, getattr(default, f.name)) if meta.get("from_contract") else getattr(default, f.name)
+        if meta.get("kind") == "assign":
+            known = dict(getattr(contract, "input_overrides", None) or {})
+            for name, transform in value.items():
+                if known.get(name) != transform:
+                    out += [flag, f"{name}={transform}"]
+            continue
+        if value == base:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else f"--no-{flag[2:]}")
+        elif meta.get("kind") == "csv":
+            out += [flag, ",".join(value)]
+        elif meta.get("unit") == "percent":
+            out += [flag, f"{value * 100:g}"]
+        else:
+            out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return out
+
+
 def _known(cls, d: dict) -> dict:
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in (d or {}).items() if k in names}

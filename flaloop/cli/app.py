@@ -19,6 +19,7 @@ import functools
 import inspect
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -129,6 +130,11 @@ def _internal_error(exc: Exception, as_json: bool):
                    "exit_code": INTERNAL_ERROR})
     err.print(f"{message} (rerun with --debug for the traceback; please report it)")
     raise typer.Exit(INTERNAL_ERROR) from None
+
+
+def command_line() -> str:
+    """This command as typed, quoted so that a shell reads it back the same (records keep it)."""
+    return shlex.join(["flaloop", *sys.argv[1:]])
 
 
 def human(as_json: bool) -> Console:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 from typing import Annotated
 
 import typer
@@ -26,6 +25,7 @@ from flaloop.cli.app import (
     RepoOpt,
     app,
     command,
+    command_line,
     emit_json,
     human,
     out,
@@ -61,7 +61,7 @@ def _setup(op: str, repo: str | None, python: str | None) -> tuple[Target, Contr
 
 
 def _command_line() -> str:
-    return " ".join(["flaloop", *sys.argv[1:]])
+    return command_line()
 
 
 def _no_base(opts: BenchOptions, cmd: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from flaloop.cli.app import (
     RepoOpt,
     app,
     command,
+    command_line,
     config_options,
     emit_json,
     human,
@@ -178,7 +178,7 @@ def run_bench_with_progress(target: Target, c, opts, cfg: BenchConfig, bar, gate
                             gpu: str | None = None, cancel: threading.Event | None = None) -> RunRecord:
     task = bar.add_task("bench: starting workers", total=None, last="")
     return run_mod.bench(target, c, base_ref=opts.base, shapes=opts.shape_list(), cfg=cfg,
-                         on_event=bench_events(bar, task, cfg), gate=gate, command=" ".join(["flaloop", *sys.argv[1:]]),
+                         on_event=bench_events(bar, task, cfg), gate=gate, command=command_line(),
                          gpu=gpu, cancel=cancel)
 
 
@@ -335,7 +335,7 @@ def verify_cmd(
         if call.profile and bench_exit(record) == 0:
             from flaloop import profiling
 
-            profile_doc = profiling.profile(target, c, mode=cfg.modes[0], command=" ".join(["flaloop", *sys.argv[1:]]))
+            profile_doc = profiling.profile(target, c, mode=cfg.modes[0], command=command_line())
         if as_json:
             emit_json({"ok": True, "gate": gate_dict, "bench": record.to_dict(), "profile": profile_doc})
         else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,7 @@ import typer
 
 from flaloop import contract as contract_mod
 from flaloop import fsutil
-from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, emit_json, human, out
+from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, command_line, emit_json, human, out
 from flaloop.target import Target
 
 
@@ -44,7 +43,7 @@ def profile_cmd(
         console.print(f"  {what} ...")
 
     doc = profiling.profile(target, c, shape=shape, mode=mode, ncu=ncu, device=device,
-                            command=" ".join(["flaloop", *sys.argv[1:]]), on_event=on_event)
+                            command=command_line(), on_event=on_event)
     if as_json:
         emit_json({"ok": True, **doc})
         return

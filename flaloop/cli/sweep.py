@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 from dataclasses import asdict
 from pathlib import Path
@@ -33,6 +32,7 @@ from flaloop.cli.app import (
     RepoOpt,
     app,
     command,
+    command_line,
     emit_json,
     human,
     out,
@@ -274,7 +274,7 @@ def sweep_cmd(
             rec = sweep_run.run(target, kind="candidates" if ops is None else "ops", entries=entries, base=base,
                                 cfg=cfg, shapes=bench_options.shape_list(), executor=ex, sweep_dir=sweep_dir,
                                 regate=regate, gate_workers=_gate_workers(ex),
-                                command=" ".join(["flaloop", *sys.argv[1:]]), on_event=_events(bar, rows),
+                                command=command_line(), on_event=_events(bar, rows),
                                 say=lambda m: console.print(escape(m)))
     code = sweep_run.exit_code(rec)
     if as_json:
