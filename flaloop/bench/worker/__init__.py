@@ -3,7 +3,7 @@
 Started by path (`python -u flaloop/bench/worker/__main__.py --tree T --registry R --op OP
 --side base|cand`), it loads this package under the private name `_flaloop_worker`, so nothing
 here imports flaloop (the target's interpreter need not have it) and no module name of ours can
-shadow one of the target's. The orchestrator (flaloop/bench/session.py) never imports this package.
+shadow one of the target's. The orchestrator never imports this package (bench/launcher.py starts it by path).
 
 Modules, in the order a request meets them:
   protocol   JSON lines on a private copy of stdout; fd 1 and sys.stdout go to stderr
