@@ -433,6 +433,14 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Red
     return out
 
 
+def xdist_workers(n_gpus: int, sharing: int = 1) -> int:
+    """The gate's pytest-xdist workers by default: none without a GPU; else up to 8 a GPU and one for
+    every two CPU cores among the `sharing` gates that run at once (a cold FLA gate is compile-bound)."""
+    if n_gpus < 1:
+        return 0
+    return min(8 * n_gpus, max(2, (os.cpu_count() or 2) // (2 * max(1, sharing))))
+
+
 def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, env: dict[str, str],
                         watch: tuple[str, ...], log_path: Path, progress, baseline_progress,
                         timeout: float | None, workers: int, gpus: list[str] | None,

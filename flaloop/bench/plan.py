@@ -55,15 +55,21 @@ class MeasurePlan:
                    **{k: v for k, v in d.items() if k in {f.name for f in fields(cls)} - set(nested)})
 
 
+def tree_ref(root, ref: str, commit: str | None = None) -> TreeRef:
+    """A side of a measurement named by a ref (resolved here unless its `commit` is known)."""
+    commit = commit or git.resolve_ref(root, ref)
+    return TreeRef(commit=commit, ref=ref, tree=git.tree_of(root, commit))
+
+
 def base_ref(target, contract, ref: str | None) -> TreeRef:
     """The base of a measurement: `ref` when given, else the contract's base."""
-    commit = git.resolve_ref(target.root, ref) if ref else contract.base_commit
-    return TreeRef(commit=commit, ref=ref or contract.base_ref, tree=git.tree_of(target.root, commit))
+    return tree_ref(target.root, ref) if ref else tree_ref(target.root, contract.base_ref, contract.base_commit)
 
 
-def working_tree(target) -> TreeRef:
-    """The working tree as a candidate: snapshotted into a commit (git.snapshot)."""
-    state = git.tree_state(target.root)
+def working_tree(target, state: dict | None = None) -> TreeRef:
+    """The working tree as a candidate: snapshotted into a commit (git.snapshot); `state`, its
+    git.tree_state when the caller has it."""
+    state = state or git.tree_state(target.root)
     commit = git.snapshot(target.root)
     return TreeRef(commit=commit, ref="working tree", head=state["head"], dirty=state["dirty"],
                    diff_hash=state["diff_hash"], tree=git.tree_of(target.root, commit))

@@ -41,7 +41,7 @@ def plan_working_tree(target, contract, *, base: str | None, shapes: list[str] |
         cand = TreeRef(commit=b.commit, ref="base (A/A)", head=tree["head"], dirty=tree["dirty"],
                        diff_hash=tree["diff_hash"], tree=b.tree)
     else:
-        cand = working_tree(target)
+        cand = working_tree(target, tree)
     static = None if cfg.aa else audit(target, contract, b.commit).to_dict()
     return plan(target, contract, base=b, candidate=cand, shapes=shapes, cfg=cfg, static=static, gate=gate,
                 last_gate=last_gate_for(target, contract.op, tree) if gate is None else None, command=command)

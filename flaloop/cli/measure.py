@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +118,7 @@ def gate_plan(opts: GateOptions, for_verify: bool = False) -> tuple[int, list[st
     if len(gpus) < 2:
         return opts.workers, opts.gpu_list(), None
     gate_gpus, bench_gpu = (gpus[:-1], gpus[-1]) if for_verify else (gpus, None)
-    return opts.workers or min(8 * len(gate_gpus), max(2, (os.cpu_count() or 2) // 2)), gate_gpus, bench_gpu
+    return opts.workers or gate_mod.xdist_workers(len(gate_gpus)), gate_gpus, bench_gpu
 
 
 @app.command("gate")

@@ -21,9 +21,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from flaloop import gate as gate_mod
 from flaloop import git, locks
-from flaloop.bench.plan import base_ref, working_tree
-from flaloop.bench.record import TreeRef, now_stamp
+from flaloop.bench.plan import base_ref, tree_ref, working_tree
+from flaloop.bench.record import now_stamp
 from flaloop.bench.run import triton_cache
 from flaloop.cli.app import (
     JsonOpt,
@@ -126,8 +127,7 @@ def _candidate_entries(target: Target, op: str, refs: list[str], patches: Path |
     c = Contract.load(target, op)
     base = base_ref(target, c, bench_options.base)
     found = cand_mod.resolve(target.root, base, refs, patches, limit=limit, stamp=stamp)
-    entries = [sweep_run.Entry(contract=c, candidate=k, row=SweepRow(key=k.key, op=op, ref=k.ref, kind=k.kind,
-                                                                     commit=k.commit, tree=k.tree)) for k in found]
+    entries = [sweep_run.Entry.of(c, k) for k in found]
     return c, base, entries
 
 
@@ -150,14 +150,12 @@ def _op_contract(target: Target, op: str, base, bench_options, console: Console)
 def _ops_entries(target: Target, spec: str, bench_options, console: Console):
     if not bench_options.base:
         raise UsageError("--ops checks a change against a base: name it", "e.g. --ops changed --base origin/main")
-    known = [o.name for o in target.ops()]
-    chosen = ops_mod.parse_ops(spec, known)
-    base_commit = git.resolve_ref(target.root, bench_options.base)
-    base = base_ref_of(target, base_commit, bench_options.base)
+    specs = {o.name: (o.import_path, o.func_name) for o in target.ops()}
+    chosen = ops_mod.parse_ops(spec, list(specs))
+    base = tree_ref(target.root, bench_options.base)
     head = working_tree(target)
     changed = git.names_between(target.root, base.commit, head.commit)
     if chosen is None:
-        specs = {o.name: (o.import_path, o.func_name) for o in target.ops()}
         with git.worktree(target.root, base.commit, "base") as wt:
             hits = ops_mod.touched(specs, changed, [ops_mod.reader(target.root), ops_mod.reader(wt)])
         for op, files in sorted(hits.items()):
@@ -170,13 +168,8 @@ def _ops_entries(target: Target, spec: str, bench_options, console: Console):
                       tree=head.tree)
         if k.tree == base.tree:
             k.invalid = f"the head is the base ({base.commit[:12]}): nothing to compare"
-        entries.append(sweep_run.Entry(contract=c, candidate=k, row=SweepRow(key=op, op=op, ref=k.ref, kind="head",
-                                                                           commit=k.commit, tree=k.tree)))
-    return base, entries, len(changed)
-
-
-def base_ref_of(target: Target, commit: str, ref: str) -> TreeRef:
-    return TreeRef(commit=commit, ref=ref, tree=git.tree_of(target.root, commit))
+        entries.append(sweep_run.Entry.of(c, k))
+    return base, entries
 
 
 @app.command("sweep", context_settings={"allow_extra_args": True})
@@ -242,7 +235,7 @@ def sweep_cmd(
             cfg = bench_options.config(contract)
             locked = [op]
         else:
-            base, entries, _ = _ops_entries(target, ops, bench_options, console)
+            base, entries = _ops_entries(target, ops, bench_options, console)
             if len(entries) > max_candidates:
                 raise UsageError(f"{len(entries)} ops, more than --max-candidates {max_candidates}",
                                  f"check fewer (--ops a,b), or raise the limit with --max-candidates {len(entries)}")
@@ -267,7 +260,12 @@ def sweep_cmd(
                                                      on_wait=lambda h, n=name: console.print(locks.waiting_message(h, n))))
         for pid, path in git.reap_stale_worktrees(target.root):
             console.print(f"removed a worktree left by a killed flaloop run (pid {pid}): {path}")
-        ex = _executor(executor, address, target, sweep_dir, gpu_list, retries, cancel, console)
+        try:
+            ex = _executor(executor, address, target, sweep_dir, gpu_list, retries, cancel, console)
+        except BaseException:  # ray missing, an unreachable address: nothing ran, no empty sweep left
+            with contextlib.suppress(OSError):
+                sweep_dir.rmdir()
+            raise
         stack.callback(ex.close)
         rows = {e.row.key: e.row for e in entries}
         with progress_bar(console) as bar:
@@ -291,6 +289,4 @@ def _gate_workers(ex) -> int | None:
     devices = getattr(ex, "devices", None)
     if devices is None:
         return None
-    if devices == [None]:
-        return 0
-    return min(8, max(2, (os.cpu_count() or 2) // (2 * len(devices))))
+    return gate_mod.xdist_workers(0 if devices == [None] else 1, sharing=len(devices))

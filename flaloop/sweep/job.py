@@ -12,7 +12,6 @@ could not be judged: it does not import or collect, a worker crashed, the measur
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import socket
 import threading
@@ -43,7 +42,6 @@ class Job:
     plan: dict                   # bench.plan.MeasurePlan.to_dict()
     contract: dict               # the op's contract (contract.Contract.to_dict())
     config: dict                 # the target's flaloop.toml (target.Target.config)
-    gate: bool = True
     regate: bool = False
     gate_workers: int | None = 0  # None: the machine that runs it decides
     # workspace files to put in the job's home before the gate, so that a node need not redo what
@@ -125,26 +123,25 @@ def run_job(job: Job, ctx: JobContext) -> JobResult:
     out = JobResult(key=job.key, status="failed", gpu=ctx.gpu)
     contract = Contract.from_dict(job.contract)
     try:
-        if job.gate:
-            seed_workspace(ctx.home, contract.op, job.seed)
-            ctx.on_event("gate", key=job.key)
-            g0 = time.monotonic()
-            workers = job.gate_workers
-            if workers is None:  # this machine decides: up to 8 xdist workers on its GPU, none on a CPU
-                workers = min(8, max(2, (os.cpu_count() or 2) // 2)) if evidence.visible_gpus() else 0
-            with git.worktree(ctx.repo, plan.candidate.commit, "cand") as tree:
-                target = Target(root=ctx.repo, python=plan.python, config=job.config).tree(tree, home=ctx.home)
-                result = gate_mod.run_gate(target, contract, workers=workers,
-                                           gpus=[ctx.gpu] if ctx.gpu is not None else None, regate=job.regate,
-                                           cancel=ctx.cancel, record_last=False)
-            out.gate_s = round(time.monotonic() - g0, 2)
-            if ctx.cancel is not None and ctx.cancel.is_set():
-                raise Cancelled("the sweep was withdrawn")
-            out.gate = result.to_dict()
-            plan.gate = out.gate
-            if not result.green:
-                out.status, out.reason = _gate_verdict(result)
-                return out
+        # every candidate gets the full gate first
+        seed_workspace(ctx.home, contract.op, job.seed)
+        ctx.on_event("gate", key=job.key)
+        g0 = time.monotonic()
+        workers = job.gate_workers
+        if workers is None:  # this machine decides (a Ray node: its one GPU, or its CPU)
+            workers = gate_mod.xdist_workers(min(1, len(evidence.visible_gpus())))
+        with git.worktree(ctx.repo, plan.candidate.commit, "cand") as tree:
+            target = Target(root=ctx.repo, python=plan.python, config=job.config).tree(tree, home=ctx.home)
+            result = gate_mod.run_gate(target, contract, workers=workers,
+                                       gpus=[ctx.gpu] if ctx.gpu is not None else None, regate=job.regate,
+                                       cancel=ctx.cancel, record_last=False)
+        out.gate_s = round(time.monotonic() - g0, 2)
+        if ctx.cancel is not None and ctx.cancel.is_set():
+            raise Cancelled("the sweep was withdrawn")
+        out.gate = result.to_dict()
+        if not result.green:
+            out.status, out.reason = _gate_verdict(result)
+            return out
         ctx.on_event("bench", key=job.key)
         m = measure(plan, repo=ctx.repo, run_dir=ctx.run_dir, triton_cache=ctx.triton_cache, gpu=ctx.gpu,
                     on_event=lambda kind, **info: ctx.on_event(kind, key=job.key, **info), cancel=ctx.cancel)

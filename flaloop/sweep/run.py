@@ -45,6 +45,11 @@ class Entry:
     plan: MeasurePlan | None = None
     job: Job | None = None
 
+    @classmethod
+    def of(cls, contract: Contract, c: Candidate) -> Entry:
+        return cls(contract=contract, candidate=c, row=SweepRow(key=c.key, op=contract.op, ref=c.ref, kind=c.kind,
+                                                               commit=c.commit, tree=c.tree))
+
 
 def sweeps_dir(target, op: str | None) -> Path:
     """Where a sweep is kept: under its op's workspace, or `profile/sweeps/` for several ops."""
@@ -74,7 +79,7 @@ def _seed(target, contract: Contract, commit: str) -> dict:
 
 
 def prepare(target, entries: list[Entry], base: TreeRef, *, cfg: BenchConfig, shapes: list[str] | None,
-            gate: bool, regate: bool, gate_workers: int | None, command: str,
+            regate: bool, gate_workers: int | None, command: str,
             say: Callable[[str], None] = lambda m: None) -> list[Job]:
     """The static audit of every valid candidate, then a job for each one it does not block."""
     jobs = []
@@ -95,8 +100,7 @@ def prepare(target, entries: list[Entry], base: TreeRef, *, cfg: BenchConfig, sh
         e.plan = plan(target, e.contract, base=base, candidate=c.tree_ref(), shapes=shapes, cfg=copy.deepcopy(cfg),
                       static=static, command=command, label=c.key)
         e.job = Job(key=c.key, ref=c.ref, plan=e.plan.to_dict(), contract=e.contract.to_dict(), config=target.config,
-                    gate=gate, regate=regate, gate_workers=gate_workers,
-                    seed=_seed(target, e.contract, c.commit) if gate else {})
+                    regate=regate, gate_workers=gate_workers, seed=_seed(target, e.contract, c.commit))
         jobs.append(e.job)
     return jobs
 
@@ -161,7 +165,7 @@ def _from_record(row: SweepRow, rec: RunRecord, result: JobResult, margin: float
 
 
 def run(target, *, kind: str, entries: list[Entry], base: TreeRef, cfg: BenchConfig, shapes: list[str] | None,
-        executor: Executor, sweep_dir: Path, gate: bool = True, regate: bool = False, gate_workers: int | None = None,
+        executor: Executor, sweep_dir: Path, regate: bool = False, gate_workers: int | None = None,
         command: str = "", on_event: Callable[..., None] = lambda *a, **k: None,
         say: Callable[[str], None] = lambda m: None) -> SweepRecord:
     """Plan, measure on the executor, finish; the record is kept however the sweep ends (Ctrl-C too)."""
@@ -172,24 +176,23 @@ def run(target, *, kind: str, entries: list[Entry], base: TreeRef, cfg: BenchCon
     sweep_dir.mkdir(parents=True, exist_ok=True)
     by_key = {e.row.key: e for e in entries}
     stopped: BaseException | None = None
+    finished: set[str] = set()
     try:
-        jobs = prepare(target, entries, base, cfg=cfg, shapes=shapes, gate=gate, regate=regate,
+        jobs = prepare(target, entries, base, cfg=cfg, shapes=shapes, regate=regate,
                        gate_workers=gate_workers, command=command, say=say)
         for result in executor.run(jobs, on_event):
             e = by_key[result.key]
             finish_row(e, result, sweep_dir, cfg.margin)
+            finished.add(result.key)
             on_event("done", key=result.key, status=e.row.status, verdict=e.row.verdict)
     except (KeyboardInterrupt, SystemExit) as exc:
         rec.interrupted, stopped = True, exc
-        for e in entries:
-            if e.job is not None and e.row.status == "failed" and not e.row.reason:
-                e.row.reason = "withdrawn (interrupted)"
         raise
     finally:
-        for e in entries:
-            if e.job is not None and not e.row.reason and e.row.status == "failed" and e.row.record is None:
-                e.row.reason = "no result (the sweep ended first)"
-                e.row.verdict = "FAILED"
+        for e in entries:  # a job that gave no result: withdrawn, or the sweep ended another way first
+            if e.job is not None and e.row.key not in finished:
+                e.row.status, e.row.verdict = "failed", "FAILED"
+                e.row.reason = "withdrawn (interrupted)" if rec.interrupted else "no result (the sweep ended first)"
         rec.rank()
         rec.wall_s = round(time.monotonic() - t0, 2)
         sweep_record.write(sweep_dir, rec)
