@@ -2,7 +2,8 @@
 
 Inputs, all under `profile/<op>-opt/`: bench run records (`runs/*/record.json`), the gate's
 `gate/last.json`, the loop's iteration records (`iters/NNNN.json`, absent before a loop), the
-profiler's `trace/*/profile.json`, the contract, and the cached device ceilings.
+profiler's `trace/*/profile.json`, the explanation of the kept win (`explain/*/explain.json`), the
+contract, and the cached device ceilings.
 
 Which record is the claim's:
 - with a loop, the claim is the best kept iteration's commit (the newest `keep`); without a
@@ -12,7 +13,8 @@ Which record is the claim's:
   dirty tree that was then committed as it), with a full green gate of the same tree state.
 
 It refuses (exit 1, each reason named) to claim a win on a `-k` gate, a red or missing gate, a
-blocking guard finding, blocked cells, or records of other commits than the claim's. Rendering
+blocking guard finding, blocked cells, an `unexplained-speedup`, or records of other commits than
+the claim's. Rendering
 is in report_render.py (markdown) and report_plots.py (PNG).
 """
 
@@ -28,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from flaloop import evidence, git, roofline
+from flaloop import evidence, explain, git, roofline
 from flaloop.bench import record as record_mod
 from flaloop.bench.model import cli_args
 from flaloop.bench.record import RunRecord
@@ -372,6 +374,15 @@ def _profile_for(root: Path, profiles: list[dict], state: dict) -> dict | None:
     return mine[-1] if mine else None
 
 
+def _explanation_for(ws: Path, claim: Claim, iterations: list[dict]) -> dict | None:
+    """The newest explanation of the claim's kept iteration against its vs-base measurement."""
+    it = claim.iteration or {}
+    vs = it.get("vs_base") or {}
+    if claim.no_go or not claim.commit or not vs.get("base_commit"):
+        return None
+    return explain.latest(ws, vs["base_commit"], claim.commit, vs.get("record"))
+
+
 def reproduce_commands(op: str, record: RunRecord, contract: dict, claim: Claim) -> dict:
     """The commands that measure the claim again, each quoted for a shell: the gate, `verify` with
     the record's own options against its base (never `iter`, which would commit), the A/A, the
@@ -425,6 +436,10 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     env.setdefault("idle", {"available": False, "reason": env.get("nvml") or "not recorded by this bench"})
     aa = _newest_aa(records, record.base.commit)
     profile = _profile_for(target.root, load_profiles(ws), _candidate_state(record))
+    explanation = _explanation_for(ws, claim, iterations)
+    if explanation and explanation.get("blocked"):
+        refusals.append(Refusal("unexplained_speedup", "; ".join(f["message"] for f in explanation["findings"]),
+                                "the kernels do not account for the measured win: `flaloop explain OP` shows where"))
     concl = conclusion(geo, rows, claim, contract.get("target_speedup"))
     reproduce = reproduce_commands(op, record, contract, claim)
     claim_ok = not (refusals and concl["kind"] in WIN)
@@ -449,17 +464,20 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         "commands": {"bench": record.command or "", "gate": f"flaloop gate {op}",
                      "aa": aa["command"] if aa else f"flaloop bench {op} --aa",
                      "profile": (profile or {}).get("command") or f"flaloop profile {op}",
-                     "report": f"flaloop report {op}"},
+                     "explain": f"flaloop explain {op}", "report": f"flaloop report {op}"},
         "commits": {"base_ref": record.base.ref, "base_commit": record.base.commit,
                     "candidate": _candidate_state(record), "claim_commit": claim.commit},
         "environment": env, "aa": aa, "roofline": {"family": family.name if family else None,
                                                    "title": family.title if family else None,
                                                    "ceilings": ceilings.to_dict() if ceilings else None},
-        "profile": profile, "guard": guard,
+        "profile": profile, "explanation": explanation, "guard": guard,
         "trajectory": trajectory(iterations), "opt_log": str(ws / "OPT_LOG.md") if (ws / "OPT_LOG.md").exists() else None,
         "records": {"claim": record.path, "aa": aa["record"] if aa else None,
-                    "profile": profile["_path"] if profile else None},
+                    "profile": profile["_path"] if profile else None,
+                    "explanation": explanation["_path"] if explanation else None},
     }
     # a report that claims no win lists its evidence gaps as risks instead of refusing
     doc["risks"] = risks(rows, record, env, aa, profile, refusals if claim_ok else [])
+    if explanation is None and concl["kind"] in WIN:
+        doc["risks"].append(f"no explanation of the win by its kernels (`flaloop explain {op}`)")
     return doc

@@ -47,6 +47,7 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
     L += ["## Benchmark", ""] + _benchmark(doc) + [""]
     L += ["## Reproduce", ""] + _reproduce(doc) + [""]
     L += ["## Environment", ""] + _environment(doc) + [""]
+    L += ["## What explains the win", ""] + _explanation(doc) + [""]
     L += ["## Profile", ""] + _profile(doc) + [""]
     L += ["## Guard", ""] + _guard(doc) + [""]
     L += ["## Conclusion and risk", "", f"**{doc['conclusion']['text']}**", ""]
@@ -204,6 +205,61 @@ def _environment(doc: dict) -> list[str]:
     out.append(_clock_line("Idle before measuring", env.get("idle") or {}))
     out.append(_clock_line("During the pairs", env.get("during") or {}))
     return out
+
+
+def _explanation(doc: dict) -> list[str]:
+    e = doc.get("explanation")
+    if not e:
+        return [f"No explanation of the claimed tree state: `{doc['commands']['explain']}` (and `flaloop stop OP "
+                "--go` takes one)."]
+    return [f"From `{_rel(doc, e.get('_path'))}`.", ""] + explanation_md(e).splitlines()
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def _launches(x) -> str:
+    return "-" if x is None else (f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}")
+
+
+def explanation_md(e: dict, top: int = 8) -> str:
+    """The explanation (explain.account's document) as markdown: the shares, then per cell the
+    kernels that moved most, base and candidate device time and launches per step."""
+    lo, hi = e["bounds"]["share"]
+    L = [f"Every measured cell profiled over {e.get('steps')} steps on both sides ({e.get('kernels_are')}). "
+         f"The share is the part of the bench's measured saving that the kernels' own saving (plus the launches "
+         f"saved, at the bench's time per launch beyond the kernels) accounts for; on a cell that won (its CI above 1 + margin) and over all "
+         f"of them it must not lie wholly outside [{lo:.0%}, {hi:.0%}] (below: the win is not in the kernels; "
+         f"above: the profiled step is not what the bench timed).", ""]
+    rows = []
+    for c in e["cells"]:
+        share = c.get("share")
+        rows.append([f"`{c['id']}`", c.get("verdict") or "-", _ms(c.get("base_ms")), _ms(c.get("cand_ms")),
+                     _ms(c.get("kernel_base_ms")), _ms(c.get("kernel_cand_ms")),
+                     f"{_launches(c.get('launches_base'))} -> {_launches(c.get('launches_cand'))}",
+                     "-" if share is None else f"{share:.0%} [{c['share_low']:.0%}, {c['share_high']:.0%}]",
+                     "**unexplained**" if c.get("finding") else ("checked" if c.get("checked") else "-")])
+    L += _table(["cell", "verdict", "bench base ms", "bench cand ms", "kernels base ms", "kernels cand ms",
+                 "launches", "share explained", ""], rows)
+    t = e.get("total")
+    if t:
+        L += ["", f"Over the cells that won: the kernels account for {t['share']:.0%} "
+                  f"[{t['share_low']:.0%}, {t['share_high']:.0%}] of {t['saved_ms']:.4f} ms saved."]
+    for c in e["cells"]:
+        ks = [k for k in c["kernels"] if abs(k["delta_ms"]) > 0 or k["change"] != "kept"][:top]
+        if not ks:
+            continue
+        L += ["", f"`{c['id']}`:", ""]
+        L += _table(["kernel", "base ms", "cand ms", "delta ms", "launches", "change"], [
+            [f"`{k['name'][:70]}`", _ms(k["base_ms"]), _ms(k["cand_ms"]), f"{k['delta_ms']:+.4f}",
+             f"{_launches(k['base_launches'])} -> {_launches(k['cand_launches'])}", k["change"]] for k in ks])
+    if e.get("findings"):
+        L += ["", "**`unexplained-speedup` blocks the go:**", ""]
+        L += [f"- {f.get('cell') or 'all cells'}: {f['message']}" for f in e["findings"]]
+    if e.get("not_profiled"):
+        L += ["", "Not profiled: " + ", ".join(f"`{x}`" for x in e["not_profiled"]) + "."]
+    return "\n".join(L)
 
 
 def _profile(doc: dict) -> list[str]:

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from flaloop import git, workspace
+from flaloop import explain, git, workspace
 from flaloop.bench.record import RunRecord
 from flaloop.cli.app import (
     JsonOpt,
@@ -39,10 +39,12 @@ from flaloop.cli.measure import (
     gate_plan,
     run_bench_with_progress,
     run_gate_with_progress,
+    sanitize_record,
 )
 from flaloop.cli.render import print_bench, print_gate
 from flaloop.contract import Contract
 from flaloop.errors import GateRed, MeasurementError, RuleRefused, UsageError
+from flaloop.loop import bounds
 from flaloop.loop import condition as cond_mod
 from flaloop.loop import header as header_mod
 from flaloop.loop import iteration, records, rules
@@ -71,8 +73,10 @@ def _no_base(opts: BenchOptions, cmd: str) -> None:
 
 
 def _hooks(target: Target, c: Contract, bench_opts: BenchOptions, gate_opts: GateOptions,
-           console: Console) -> iteration.Hooks:
+           console: Console, sanitize: bool = False) -> iteration.Hooks:
     from flaloop.guard import audit as audit_mod
+
+    sanitized: dict = {}  # candidate commit -> sanitize.json: one sanitizer run per candidate
 
     def gate(tree: Target, k_expr: str | None):
         workers, gpus, _ = gate_plan(gate_opts)
@@ -88,6 +92,8 @@ def _hooks(target: Target, c: Contract, bench_opts: BenchOptions, gate_opts: Gat
         console.print(f"[bold]bench[/]: {escape(what)}", markup=True)
         with progress_bar(console) as bar:
             record = run_bench_with_progress(target, c, opts, opts.config(c, aa=aa), bar, gate=gate)
+        if sanitize and not aa:  # its findings block the record's cells, so rules.compare sees them
+            sanitize_record(target, c, record, console, sanitized)
         print_bench(record, console)
         return record
 
@@ -155,6 +161,10 @@ def iter_cmd(
         "--from-sweep", help="A sweep (its directory or stamp): put its candidate DIRECTION names in the clean "
                              "working tree, then iterate on it as usual (full gate, a fresh bench, one row, one "
                              "commit).")] = None,
+    sanitize: Annotated[bool, typer.Option(
+        "--sanitize", help="After the bench, run every contract cell under compute-sanitizer on the base and on "
+                           "the candidate; an error only the candidate has blocks (the iteration is a drop).")]
+    = False,
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
     lock_options: LockOptions = None,  # type: ignore[assignment]
@@ -178,7 +188,8 @@ def iter_cmd(
             direction = f"{source['ref']} (from sweep {source['stamp']})"
             note = "; ".join(x for x in (promote.describe(source), note.strip()) if x)
         try:
-            it = iteration.run_iteration(target, c, ws, _hooks(target, c, bench_options, gate_options, console),
+            it = iteration.run_iteration(target, c, ws, _hooks(target, c, bench_options, gate_options, console,
+                                                               sanitize=sanitize),
                                          direction=direction, k_expr=gate_k, subset=_subset(bench_options, c),
                                          note=note, command=_command_line(), source=source)
         except BaseException:
@@ -257,51 +268,75 @@ def stop_cmd(
     go: Annotated[bool, typer.Option("--go", help="The target is met: stop with a go.")] = False,
     no_go: Annotated[bool, typer.Option("--no-go", help="Stop without reaching the target.")] = False,
     bound: Annotated[str | None, typer.Option(
-        "--bound", help='With --no-go: the limit and its number, "HBM bandwidth: 3.9 of 4.3 TB/s on B8_T2048".')] = None,
+        "--bound", help="With --no-go: the limit flaloop measured, KIND[@CELL][: note], KIND one of "
+                        "roofline, launch, timer, ncu-memory, ncu-sol; flaloop fills in its number from the "
+                        "best iteration's records and checks that it binds.")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="With --go: profiled steps per cell when the "
+                                                               "explanation must be taken.")] = explain.DEFAULT_STEPS,
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Stop the loop: --go needs a kept iteration that meets the target; --no-go the five-item bar."""
+    """Stop the loop: --go needs a kept iteration that meets the target and kernels that explain its win
+    (profiled here when not yet recorded); --no-go the five-item bar with a measured bound."""
     if go == no_go:
         raise UsageError("say --go or --no-go", "--go when a kept iteration meets the target, --no-go otherwise")
     target, c, ws = _setup(op, repo, python)
-    with lock_options.hold(target, op, human(as_json), "stop"):
+    console = human(as_json)
+    explanation: dict | None = None
+    checked = None
+    with lock_options.hold(target, op, console, "stop"):
         iters = ws.iterations()
         if rules.baseline_of(iters) is not None and (edits := records.check_doc(ws, ws.opt_log)):
             raise records.HandEdited(ws.opt_log, c.op, edits)
         if go:
             missing = rules.go_missing(iters, ws.dispatch_rows(), target=c.target_speedup, shapes=c.shapes,
-                                       modes=c.modes)
+                                       modes=c.modes, varlen=c.varlen)
+            if not missing:
+                console.print("the go needs kernels that explain the win: the kept iteration against the base ...")
+                explanation = explain.for_go(target, c, rules.best(iters), steps=steps, command=_command_line(),
+                                             on_event=lambda kind, **i: console.print(
+                                                 f"  profiling the {i.get('side')} side: {i.get('cells')} cells "
+                                                 f"x {i.get('steps')} steps ..."))
+                missing = explain.go_missing(explanation)
         else:
-            missing = rules.no_go_missing(iters, bound)
+            checked = bounds.check(ws.path, iters, bound, c.target_speedup)
+            missing = rules.no_go_missing(iters, checked)
         verdict = "go" if go else "no-go"
         if missing:
             msg = (f"stop --{verdict} refused; missing: {', '.join(k for k, _ in missing)}\n"
                    + "\n".join(f"  - {k}: {v}" for k, v in missing))
             if as_json:
                 emit_json({"ok": False, "error": msg, "missing": [{"item": k, "why": v} for k, v in missing],
+                           "explanation": explanation, "bound": checked.__dict__ if checked else None,
                            "exit_code": 1})
-                console = human(True)
                 console.print(msg)
                 raise typer.Exit(1)
             raise RuleRefused(msg, "`flaloop status` shows where the loop stands")
         best = rules.best(iters)
         decisions = ws.decisions()
+        data = {"verdict": verdict, "bound": checked.text if checked else None, "iter": best.iter,
+                "commit": best.commit, "speedup": rules.speedup_vs_base(best),
+                "target": c.target_speedup, "conditions": rules.stop_conditions(iters, c.max_iters),
+                "bar": list(rules.NO_GO_ITEMS) if no_go else ["keep", "full gate", "target", "full shape set",
+                                                              *(["varlen cells"] if c.varlen else []),
+                                                              "explained win"]}
+        if checked:
+            data["bound_numbers"] = checked.numbers
+        if explanation:
+            data["explanation"] = ws.rel(explanation["_path"])
+            data["explained_share"] = (explanation.get("total") or {}).get("share")
         d = Decision(n=max((x.n for x in decisions), default=0) + 1, kind="stop",
-                     after_iter=max(i.iter for i in iters), created=now_iso(),
-                     data={"verdict": verdict, "bound": (bound or "").strip() or None, "iter": best.iter,
-                           "commit": best.commit, "speedup": rules.speedup_vs_base(best),
-                           "target": c.target_speedup, "conditions": rules.stop_conditions(iters, c.max_iters),
-                           "bar": list(rules.NO_GO_ITEMS) if no_go else ["keep", "full gate", "target",
-                                                                         "full shape set"]})
+                     after_iter=max(i.iter for i in iters), created=now_iso(), data=data)
         ws.save_decision(d)
         iteration.render(ws, c)
     if as_json:
-        emit_json({"ok": True, "decision": d.to_dict(), "opt_log": str(ws.opt_log)})
+        emit_json({"ok": True, "decision": d.to_dict(), "opt_log": str(ws.opt_log), "explanation": explanation})
         return
     if go:
+        share = data.get("explained_share")
         out.print(f"stop --go recorded: iteration {best.iter} ({best.commit[:12]}) at "
-                  f"{records.fmt_x(d.data['speedup'])} vs base, target {c.target_speedup:g}x")
+                  f"{records.fmt_x(d.data['speedup'])} vs base, target {c.target_speedup:g}x; the kernels account "
+                  f"for {'-' if share is None else f'{share:.0%}'} of the measured saving ({data['explanation']})")
     else:
         out.print(f"stop --no-go recorded: {d.data['bound']}")
     out.print(f"next: flaloop report {op}")

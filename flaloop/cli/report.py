@@ -1,4 +1,5 @@
-"""`flaloop profile` and `flaloop report`: the profiler reading, and the final claim from stored records."""
+"""`flaloop profile`, `flaloop explain` and `flaloop report`: the profiler reading, what explains a kept
+win, and the final claim from stored records."""
 
 from __future__ import annotations
 
@@ -76,6 +77,45 @@ def print_profile(doc: dict) -> None:
     ncu = doc.get("ncu") or {}
     out.print(f"  ncu: {'reports ' + json.dumps(ncu.get('reports')) if ncu.get('available') else ncu.get('reason')}")
     out.print(f"profile: {doc['path']}")
+
+
+@app.command("explain")
+@command
+def explain_cmd(
+    op: str,
+    iter_n: Annotated[int | None, typer.Option("--iter", help="The kept iteration to explain (default: the best).")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Profiled steps per cell and side.")] = 10,
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Profile every measured cell of a kept iteration against the base: which kernels explain the win."""
+    from flaloop import explain
+    from flaloop.errors import UsageError
+    from flaloop.loop import rules
+    from flaloop.loop.store import Workspace
+
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    iters = Workspace(target.workspace(op)).iterations()
+    it = rules.best(iters) if iter_n is None else next((i for i in iters if i.iter == iter_n), None)
+    if it is None or it.status != "keep":
+        raise UsageError(f"no kept iteration {'to explain' if iter_n is None else iter_n}",
+                         "`flaloop status OP` lists the iterations; explain one whose status is keep")
+    console = human(as_json)
+    doc = explain.take(target, c, it, steps=steps, command=command_line(),
+                       on_event=lambda kind, **i: console.print(f"  profiling the {i.get('side')} side: "
+                                                                f"{i.get('cells')} cells x {i.get('steps')} steps ..."))
+    if as_json:
+        emit_json({"ok": True, **doc})
+    else:
+        print_explanation(doc)
+    raise typer.Exit(1 if doc["blocked"] else 0)
+
+
+def print_explanation(doc: dict) -> None:
+    from flaloop import report_render
+
+    out.print(report_render.explanation_md(doc, top=6))
+    out.print(f"explanation: {doc.get('_path')}")
 
 
 @app.command("report")

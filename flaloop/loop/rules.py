@@ -64,6 +64,7 @@ def compare(record, record_path: str | None) -> dict:
         "geomean": geo, "verdict": geomean_verdict(geo, margin), "cells": cells, "margin": margin,
         "shapes": sorted({c.cell.shape_name for c in record.cells}),
         "modes": sorted({c.cell.mode for c in record.cells}),
+        "varlen": [c.id for c in record.cells if c.cell.seqlens and c.verdict in MEASURED],
         "blocked": blocked, "complete": complete, "errors": list(record.errors),
         "guard_findings": [f.to_dict() for f in record.guard.findings],
     }
@@ -189,7 +190,7 @@ def stop_conditions(iters: list[Iteration], max_iters: int) -> list[str]:
 # -- stop: go and no-go -------------------------------------------------------------------------
 
 def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target: float, shapes: list[str],
-               modes: list[str]) -> list[tuple[str, str]]:
+               modes: list[str], varlen: bool = False) -> list[tuple[str, str]]:
     """What `stop --go` lacks: (item, why) pairs; empty when the go is earned."""
     keep = best(iters)
     if keep is None or keep.status != "keep":
@@ -207,6 +208,9 @@ def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target: f
             out.append(("target", f"iteration {keep.iter} is {_pct(g['speedup'])} "
                                   f"[{g['ci_low']:.4f}, {g['ci_high']:.4f}] {vb['verdict']} vs base; "
                                   f"the contract's target is {target:g}x"))
+        if varlen and not vb.get("varlen"):
+            out.append(("varlen cells", f"the contract has --varlen, but iteration {keep.iter} measured no packed "
+                                        f"(cu_seqlens) cell against the base"))
         if not covers(vb, shapes, modes):
             out.append(("full shape set", f"iteration {keep.iter} measured {', '.join(vb['shapes'])} "
                                           f"({', '.join(vb['modes'])}); the contract has {', '.join(shapes)} "
@@ -220,11 +224,9 @@ def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target: f
     return out
 
 
-BOUND_EXAMPLE = 'e.g. --bound "HBM bandwidth: 3.9 of 4.3 TB/s on B8_T2048"'
-
-
-def no_go_missing(iters: list[Iteration], bound: str | None) -> list[tuple[str, str]]:
-    """The five-item no-go bar: each missing item by name, with why."""
+def no_go_missing(iters: list[Iteration], bound) -> list[tuple[str, str]]:
+    """The five-item no-go bar: each missing item by name, with why. `bound` is the --bound checked
+    against the records (loop/bounds.Checked), or None when none was given."""
     out = []
     if baseline_of(iters) is None:
         out.append(("baseline", "no baseline is recorded (`flaloop baseline`)"))
@@ -235,9 +237,9 @@ def no_go_missing(iters: list[Iteration], bound: str | None) -> list[tuple[str, 
         out.append(("gate status", "no attempt ran the full gate (a -k signal gate does not count)"))
     if not any(i.vs_best and i.vs_best.get("complete") for i in tries):
         out.append(("bench evidence", "no attempt has a complete paired measurement against the best"))
-    text = (bound or "").strip()
-    if not (re.search(r"[A-Za-z]{2,}", text) and re.search(r"\d", text)):
-        out.append(("named bound", f"name the limiting resource and its number, {BOUND_EXAMPLE}"))
+    if bound is None or not bound.ok:
+        out.append(("named bound", bound.why if bound is not None else
+                    "name the limit flaloop measured: --bound KIND[@CELL][: note] (see `flaloop stop --help`)"))
     return out
 
 

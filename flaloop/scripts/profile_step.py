@@ -1,7 +1,7 @@
 """Runs inside the TARGET's interpreter, as a script: one step of one bench cell, profiled.
 
-    python profile_step.py --tree T --registry R --op OP --cell CELL_JSON --out DIR [--device cpu|cuda]
-                           [--side base|cand] [--ncu-target]
+    python profile_step.py --tree T --registry R --op OP (--cell CELL_JSON | --cells CELLS_JSON) --out DIR
+                           [--device cpu|cuda] [--side base|cand] [--steps N] [--ncu-target]
 
 The inputs are built by flaloop's own bench worker (loaded by path, never `import flaloop`), so
 the profiled step is exactly the call the bench times: same registry, seed, transforms and
@@ -13,7 +13,15 @@ overrides; fwd under no_grad, fwdbwd as forward + backward(dO). The cell is warm
   DIR/trace-<side>.json and a kernel table (GPU kernels, or CPU ops without a GPU) to
   DIR/step-<side>.json;
 - --ncu-target: one step inside the NVTX range `flaloop_step` and nothing else, for
-  `ncu --nvtx --nvtx-include flaloop_step/`.
+  `ncu --nvtx --nvtx-include flaloop_step/`;
+- --cells: a list of cells, each set up, profiled over --steps steps (kernel times and launches
+  are per step: the totals over the steps divided by N, with each step's total beside them) and
+  released in turn, all in one process; the result is DIR/cells-<side>.json (`flaloop explain`).
+
+Without a GPU the "kernels" are what the host runs: each Triton kernel the interpreter executes
+(TRITON_INTERPRET=1; its launches are wrapped in a `triton:<name>` range), the profiler's
+top-level CPU operators, and the step's host time outside any of them as its own row, since on
+the CPU the host's time is the device's.
 """
 
 from __future__ import annotations
@@ -42,20 +50,54 @@ def _load_worker():
     return importlib.import_module(f"{PACKAGE}.server")
 
 
-def _build(args):
+HOST_ROW = "(host time outside any op)"
+STEP = "flaloop_step"
+
+
+def _worker(args):
     wmod = _load_worker()
     wargs = argparse.Namespace(tree=args.tree, registry=args.registry, op=args.op, side=args.side,
                                device=args.device, workdir=None, backend=None, import_mode='full')
     worker = wmod.WorkerServer(wargs)
     if worker.init_error:
         raise RuntimeError(f"could not import {args.op}: {worker.init_error[0]}")
-    hello = worker.handle("hello", {})
-    cell_spec = json.loads(args.cell)
+    return worker, worker.handle("hello", {})
+
+
+def _setup(worker, cell_spec: dict):
     setup = worker.handle("setup", {"cell": cell_spec})
-    cell = worker.cells[str(cell_spec["id"])]
+    return worker.cells[str(cell_spec["id"])], setup
+
+
+def _build(args):
+    worker, hello = _worker(args)
+    cell, setup = _setup(worker, json.loads(args.cell))
     import torch
 
     return torch, worker, cell, hello, setup
+
+
+def _name_interpreted_kernels() -> None:
+    """Under TRITON_INTERPRET=1 each kernel launch becomes a profiler range `triton:<name>`, so the
+    CPU profile shows the kernels (the interpreter's numpy work is otherwise invisible to it)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return
+    from torch.profiler import record_function
+
+    run = InterpretedFunction.run
+    if getattr(run, "_flaloop_named", False):
+        return
+
+    def named(self, *args, **kwargs):
+        with record_function(f"triton:{getattr(self.fn, '__name__', 'kernel')}"):
+            return run(self, *args, **kwargs)
+
+    named._flaloop_named = True
+    InterpretedFunction.run = named
 
 
 def _sync(torch, cell) -> None:
@@ -82,10 +124,101 @@ def _cpu_ops(prof) -> list[dict]:
     out = []
     for e in prof.key_averages():
         self_us = float(getattr(e, "self_cpu_time_total", 0.0) or 0.0)
-        if self_us <= 0 or e.key == "flaloop_step":
+        if self_us <= 0 or e.key == STEP:
             continue
         out.append({"name": e.key, "total_ms": self_us / 1e3, "launches": int(e.count), "cat": "cpu_op"})
     return sorted(out, key=lambda k: -k["total_ms"])
+
+
+def _cpu_top_level(prof) -> tuple[dict[str, dict], list[float]]:
+    """The host's 'kernels': each operator or `triton:` range directly under a step range, by its
+    total time, and each step's length; plus the host time of the steps outside all of them."""
+    by: dict[str, dict] = {}
+    steps: list[float] = []
+    outside = 0.0
+    for e in prof.events():
+        if e.name != STEP:
+            continue
+        length = float(e.cpu_time_total) / 1e3
+        steps.append(length)
+        inner = 0.0
+        for child in e.cpu_children:
+            ms = float(child.cpu_time_total) / 1e3
+            k = by.setdefault(child.name, {"name": child.name, "total_ms": 0.0, "launches": 0,
+                                           "cat": "triton_interp" if child.name.startswith("triton:") else "cpu_op"})
+            k["total_ms"] += ms
+            k["launches"] += 1
+            inner += ms
+        outside += max(0.0, length - inner)
+    by[HOST_ROW] = {"name": HOST_ROW, "total_ms": outside, "launches": 0, "cat": "host"}
+    return by, steps
+
+
+def _gpu_steps(trace_path: Path) -> tuple[dict[str, dict], list[float]]:
+    """Kernels of a trace of several steps, and each step's kernel total (kernels that start inside
+    a step range's time span, user annotations being on the host's timeline)."""
+    data = json.loads(trace_path.read_text())
+    events = [ev for ev in data.get("traceEvents", []) if ev.get("ph") == "X"]
+    spans = sorted((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)))
+                   for ev in events if ev.get("name") == STEP and ev.get("cat") == "gpu_user_annotation")
+    by: dict[str, dict] = {}
+    totals = [0.0] * len(spans)
+    for ev in events:
+        if ev.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        ms = float(ev.get("dur", 0.0)) / 1e3
+        k = by.setdefault(ev["name"], {"name": ev["name"], "total_ms": 0.0, "launches": 0, "cat": ev["cat"]})
+        k["total_ms"] += ms
+        k["launches"] += 1
+        ts = float(ev["ts"])
+        for i, (a, b) in enumerate(spans):
+            if a <= ts <= b:
+                totals[i] += ms
+                break
+    return by, totals
+
+
+def profile_cells(args) -> dict:
+    """Each cell of --cells: set up, warmed, --steps steps under the profiler, released."""
+    _name_interpreted_kernels()
+    worker, hello = _worker(args)
+    import torch
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as tprofile
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    n = max(1, args.steps)
+    cells = {}
+    for spec in json.loads(args.cells):
+        cell, setup = _setup(worker, spec)
+        s = cell.sets[0]
+        for _ in range(2):  # warm: compiled, tuned, allocator settled
+            cell.call(s)
+        _sync(torch, cell)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cell.is_cuda else [])
+        with tprofile(activities=activities) as prof:
+            for _ in range(n):
+                with record_function(STEP):
+                    cell.call(s)
+                    _sync(torch, cell)
+        if cell.is_cuda:
+            trace = out / f"trace-{args.side}-{len(cells)}.json"
+            prof.export_chrome_trace(str(trace))
+            by, step_totals = _gpu_steps(trace)
+            trace.unlink()  # the kernel table is kept; a trace per cell would be hundreds of MB
+        else:
+            by, step_totals = _cpu_top_level(prof)
+        kernels = sorted(({**k, "ms": k["total_ms"] / n, "launches": k["launches"] / n} for k in by.values()),
+                         key=lambda k: -k["ms"])
+        for k in kernels:
+            del k["total_ms"]
+        cells[str(spec["id"])] = {"kernels": kernels, "steps": n, "step_ms": step_totals,
+                                  "device_ms": sum(k["ms"] for k in kernels),
+                                  "launches": sum(k["launches"] for k in kernels),
+                                  "timer": (setup or {}).get("timer")}
+        worker.handle("release", {"cell": spec["id"]})
+    return {"hello": hello, "device": hello.get("device"), "cells": cells}
 
 
 def profile(args) -> dict:
@@ -135,15 +268,20 @@ def main() -> int:
     p.add_argument("--tree", required=True)
     p.add_argument("--registry", required=True)
     p.add_argument("--op", required=True)
-    p.add_argument("--cell", required=True, help="the cell as the bench sends it (JSON)")
+    p.add_argument("--cell", help="the cell as the bench sends it (JSON)")
+    p.add_argument("--cells", help="a JSON list of cells, each profiled over --steps steps")
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--out", required=True)
     p.add_argument("--side", default="cand", choices=["base", "cand"])
     p.add_argument("--device", default=None, choices=["cuda", "cpu"])
     p.add_argument("--ncu-target", action="store_true")
     args = p.parse_args()
-    result_path = Path(args.out) / f"step-{args.side}{'-ncu' if args.ncu_target else ''}.json"
+    if bool(args.cell) == bool(args.cells):
+        p.error("give --cell or --cells")
+    name = f"cells-{args.side}" if args.cells else f"step-{args.side}{'-ncu' if args.ncu_target else ''}"
+    result_path = Path(args.out) / f"{name}.json"
     try:
-        result = {"ok": True, **profile(args)}
+        result = {"ok": True, **(profile_cells(args) if args.cells else profile(args))}
     except BaseException as exc:  # noqa: BLE001 - the orchestrator shows it
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     os.makedirs(args.out, exist_ok=True)
