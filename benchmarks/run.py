@@ -23,6 +23,9 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   report    `flaloop report` of the loop, copied to OUT/report (docs/examples/ material)
   selftest  the GPU-marked tests (pytest -m gpu)
   sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
+  evidence  a varlen loop (baseline, an honest iteration, explain, the profile-backed stop --go, report), then
+            `flaloop sanitize` on the kept change and on planted defects (a read past the end, an
+            uninitialized read, a shared-memory race) and the gate on the first
 
 FLA's code is never committed here: the suites edit copies of `.fla` under the work dir.
 """
@@ -45,6 +48,7 @@ from harness import (  # benchmarks/ is the script's directory, first on sys.pat
     say,
     write,
 )
+from suites_explain import suite_evidence
 from suites_measure import (
     suite_aa_slowdown,
     suite_cycle,
@@ -68,7 +72,7 @@ from suites_tools import (
 SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "aa": suite_aa_slowdown, "slowdown": suite_slowdown,
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
-          "sweep": suite_sweep}
+          "sweep": suite_sweep, "evidence": suite_evidence}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -96,6 +100,8 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # issue 21 on one GPU: the sweep of three candidates and `iter --from-sweep` (the new code),
          # then the 12-cell A/A and the planted slowdown on the redesigned bench
          "h200-sweep": [[["machine", "sweep"]], [["aa"]]],
+         # issue 22 on one GPU: the varlen loop with its profile-backed go and report, and the sanitizer
+         "h200-evidence": [[["machine", "evidence"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

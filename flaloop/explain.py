@@ -203,7 +203,7 @@ def account(profiled: dict, vs_cells: list[dict], margin: float = 0.005) -> dict
     (rules.compare). The cells checked are those whose CI lies above 1 + margin; when none does
     (a geomean of many small wins), the total is over every cell that got faster."""
     cells, findings = [], []
-    any_won = any(_won(m, margin) for m in vs_cells)
+    any_won = any(_won(m, margin) for m in vs_cells if m["id"] in profiled["base"] and m["id"] in profiled["cand"])
     for m in vs_cells:
         cid = m["id"]
         if cid not in profiled["base"] or cid not in profiled["cand"]:
@@ -339,6 +339,8 @@ def go_missing(doc: dict) -> list[tuple[str, str]]:
     if doc.get("blocked"):
         return [("explained win", f"{RULE}: " + "; ".join(f["message"] for f in doc["findings"])
                  + f" (explain.json: {doc.get('_path')})")]
+    if doc.get("not_profiled"):
+        return [("explained win", "measured cells without a profile on both sides: " + ", ".join(doc["not_profiled"]))]
     if doc.get("total") is None:
         return [("explained win", "no cell that got faster could be profiled on both sides")]
     return []

@@ -129,9 +129,15 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     r = fl(repo, "header", OP, "--iter", "1")
     assert r.code == 0 and "# Delta:" in r.stdout and "#1 drop the sleep" in r.stdout
     assert "#2 sleep again: revert" in r.stdout
-    r = fl(repo, "stop", OP, "--go", "--json")
+    r = fl(repo, "stop", OP, "--go", "--json")  # no explanation recorded: the go profiles both sides itself
     assert r.code == 0, r.stdout + r.stderr
     assert r.json["decision"]["data"]["iter"] == 1 and "**go**" in opt_log.read_text()
+    expl = r.json["explanation"]
+    assert expl["cand_commit"] == one["commit"] and expl["base_commit"] == base and not expl["blocked"]
+    assert r.json["decision"]["data"]["explanation"] == str(Path(expl["_path"]).relative_to(ws(repo)))
+    assert 0.5 <= r.json["decision"]["data"]["explained_share"] <= 1.5  # the sleep: host time outside any op
+    host = {k["name"]: k for k in expl["cells"][0]["kernels"]}["(host time outside any op)"]
+    assert host["base_ms"] > 4 > 1 > host["cand_ms"]
 
     # a row typed over is reported by name, and only --restore renders over it (saving the edit)
     opt_log.write_text(opt_log.read_text().replace("| revert |", "| keep |", 1))
@@ -143,6 +149,28 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     assert r.code == 0 and len(r.json["saved"]) == 1
     assert "| keep |" in Path(r.json["saved"][0]).read_text().split("| 2 |")[1].splitlines()[0]
     assert "| revert |" in opt_log.read_text().split("| 2 |")[1].splitlines()[0]
+
+
+PROFILER_SHY = ("    import time; time.sleep(0.005)\n",
+                # the sleep stays only while a profiler listens: the bench times the fast path, the
+                # explanation's profile the slow one
+                "    if torch.autograd.profiler._is_profiler_enabled:\n        import time; time.sleep(0.005)\n")
+
+
+def test_the_go_needs_a_win_its_kernels_explain(slow_toy, tmp_path):
+    repo = fresh_copy(slow_toy, tmp_path / "toy")
+    edit(repo / FAST, *PROFILER_SHY)
+    r, doc = iterate(repo, "sleep only when watched")
+    assert r.code == 0 and doc["iteration"]["status"] == "keep", r.stderr  # the bench alone is fooled
+    r = fl(repo, "explain", OP, "--json", "--steps", "4")  # taken before the go: the go reuses it
+    assert r.code == 1 and r.json["blocked"], r.stderr
+    assert any(f["rule"] == "unexplained-speedup" and "below 50%" in f["message"] for f in r.json["findings"])
+    r2 = fl(repo, "stop", OP, "--go", "--json")
+    assert r2.code == 1 and "missing: explained win" in r2.json["error"] and "unexplained-speedup" in r2.json["error"]
+    assert r2.json["explanation"]["_path"] == r.json["_path"]  # the recorded explanation, not a new one
+    assert not list((ws(repo) / "decisions").glob("*-stop.json"))  # nothing recorded
+    rep = fl(repo, "report", OP, "--json", "--no-plots")
+    assert rep.code == 1 and any(x["reason"] == "unexplained_speedup" for x in rep.json["refused"])
 
 
 def test_drops_stall_the_loop_until_a_reassessment(slow_toy, tmp_path):
@@ -177,6 +205,7 @@ def test_drops_stall_the_loop_until_a_reassessment(slow_toy, tmp_path):
 
     r = fl(repo, "stop", OP, "--no-go", "--bound", "compute")
     assert r.code == 1 and "missing: bench evidence, named bound" in r.stderr
+    assert "'compute' is not a limit flaloop measures" in r.stderr
 
     r = fl(repo, "reassess", OP, "--profiled", "py-spy: the einsum", "--tried", "output scaling",
            "--next", "fuse the tril", "--why", "the mask costs a pass")

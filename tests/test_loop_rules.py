@@ -9,7 +9,7 @@ import pytest
 
 from flaloop.bench.record import RunRecord
 from flaloop.errors import UsageError
-from flaloop.loop import records, rules, traps
+from flaloop.loop import bounds, records, rules, traps
 from flaloop.loop.condition import Condition, bucket
 from flaloop.loop.store import Decision, DispatchRow, Iteration, Workspace
 from flaloop.stats import summarize
@@ -126,7 +126,8 @@ def test_best_is_the_last_keep_and_pending_signals_are_the_trailing_ones():
 ])
 def test_each_missing_no_go_item_is_named(drop, missing):
     log = [it(0, "baseline"), it(1, "noise", "bigger tiles")]
-    bound = good = "HBM bandwidth: 3.9 of 4.3 TB/s on B8_T2048"
+    # the bound as bounds.check returns it (its parsing and numbers: tests/test_explain.py)
+    bound = good = bounds.Checked(True, text="roofline on S1/fwd: 80.0% of its floor: at most 1.25x left")
     if drop == "baseline":
         log = log[1:]
     elif drop == "attempt":
@@ -136,7 +137,7 @@ def test_each_missing_no_go_item_is_named(drop, missing):
     elif drop == "bench":
         log[1].vs_best = None
     else:
-        bound = "memory bound"  # a name without its number
+        bound = bounds.Checked(False, why="no recorded roofline number")  # a limit no record backs
     got = [k for k, _ in rules.no_go_missing(log, bound)]
     assert missing in got
     if drop not in ("attempt",):  # without an attempt, its gate and bench are missing too

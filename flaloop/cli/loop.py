@@ -44,10 +44,9 @@ from flaloop.cli.measure import (
 from flaloop.cli.render import print_bench, print_gate
 from flaloop.contract import Contract
 from flaloop.errors import GateRed, MeasurementError, RuleRefused, UsageError
-from flaloop.loop import bounds
+from flaloop.loop import bounds, iteration, records, rules
 from flaloop.loop import condition as cond_mod
 from flaloop.loop import header as header_mod
-from flaloop.loop import iteration, records, rules
 from flaloop.loop import traps as traps_mod
 from flaloop.loop.store import Decision, DispatchRow, Workspace, now_iso
 from flaloop.sweep import promote

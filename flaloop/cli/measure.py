@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from flaloop import contract as contract_mod
-from flaloop import evidence
+from flaloop import evidence, git
 from flaloop import gate as gate_mod
+from flaloop import sanitize as sanitize_mod
 from flaloop.bench import record as record_mod
 from flaloop.bench import run as run_mod
 from flaloop.bench.model import QUICK, BenchConfig
@@ -37,7 +38,7 @@ from flaloop.cli.app import (
     with_options,
 )
 from flaloop.cli.fla_compat import FlaVerifyFlags
-from flaloop.cli.render import print_bench, print_gate
+from flaloop.cli.render import print_bench, print_findings, print_gate
 from flaloop.errors import UsageError
 from flaloop.target import Target
 
@@ -278,6 +279,9 @@ def verify_cmd(
     op: Annotated[str | None, typer.Argument(help="The op (or FLA's --op).")] = None,
     k_expr: Annotated[str | None, typer.Option("-k", help="Gate on a pytest -k subset (signal only).")] = None,
     no_gate: Annotated[bool, typer.Option("--no-gate", help="Skip the gate: the result is UNVERIFIED.")] = False,
+    sanitize: Annotated[bool, typer.Option(
+        "--sanitize", help="After the bench, run every contract cell under compute-sanitizer on the base and on "
+                           "the measured candidate; an error only the candidate has blocks.")] = False,
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
     fla_verify_flags: FlaVerifyFlags = None,  # type: ignore[assignment]
@@ -330,15 +334,125 @@ def verify_cmd(
                 record.gate, record.unverified, record.last_gate = gate_dict, False, None
                 if record.path:
                     record_mod.write(Path(record.path).parent, record)
+        sanitize_doc = sanitize_record(target, c, record, console) if sanitize else None
         profile_doc = None
         if call.profile and bench_exit(record) == 0:
             from flaloop import profiling
 
             profile_doc = profiling.profile(target, c, mode=cfg.modes[0], command=command_line())
         if as_json:
-            emit_json({"ok": True, "gate": gate_dict, "bench": record.to_dict(), "profile": profile_doc})
+            emit_json({"ok": True, "gate": gate_dict, "bench": record.to_dict(), "profile": profile_doc,
+                       "sanitize": sanitize_doc})
         else:
             print_bench(record, out)
             if profile_doc:
                 out.print(f"profile: {profile_doc.get('path') or ''}")
         raise typer.Exit(bench_exit(record))
+
+
+# -- sanitize -----------------------------------------------------------------------------------
+
+def sanitize_events(console: Console):
+    """The sanitizer's progress: which tool on which side, and the cell it is at."""
+
+    def on_event(kind: str, **info) -> None:
+        if kind == "run":
+            console.print(f"  {info['tool']}: the {info['side']} side, {info['cells']} cell(s) ...")
+        elif kind == "cell" and not info["cell"].startswith("("):
+            console.print(f"    {info['tool']} {info['side']}: {info['cell']}")
+
+    return on_event
+
+
+def _side_line(side: str, run: dict) -> str:
+    errors = f"{run['errors']} error(s)" if run["errors"] is not None else run["status"]
+    return f"{side} {errors} in {run['wall_s']:.1f}s"
+
+
+def print_sanitize(doc: dict, console: Console) -> None:
+    """Per tool: available or why not, each side's errors and time, what is new, what pre-exists."""
+    for tool, entry in doc["tools"].items():
+        if not entry["available"]:
+            console.print(f"{tool}: unavailable: {entry['reason']}")
+            continue
+        sides = ", ".join(_side_line(s, r) for s, r in entry["sides"].items())
+        console.print(f"{tool}: {sides}; {len(entry['new'])} only on the candidate, "
+                      f"{len(entry['pre_existing'])} pre-existing")
+        for r in entry["pre_existing"]:
+            console.print(f"  pre-existing (the base has them too): {r['cell']}: {r['kind']} in "
+                          f"{r['kernel'] or 'a CUDA API call'}, {r['count']}x")
+        if entry.get("reason") and entry["reason"] != "ran on both sides":
+            console.print(f"  ({entry['reason']})")
+    print_findings(doc["findings"], console, title="sanitizer findings")
+    for line in doc["failed"]:
+        console.print(f"[yellow]not fully checked: {escape(line)}[/]", markup=True)
+    console.print(f"sanitize: {doc['path']}")
+
+
+def sanitize_exit(doc: dict) -> int:
+    """1 when an error only the candidate has blocks, 3 when a side could not be checked, else 0."""
+    return 1 if doc["blocked"] else 3 if doc["failed"] else 0
+
+
+def sanitize_record(target: Target, c, record: RunRecord, console: Console, done: dict | None = None) -> dict:
+    """verify/iter --sanitize: the sanitizer on the candidate the bench measured (its snapshot commit),
+    its findings put into the run record, which is written again. `done` (candidate commit -> document)
+    spares a second run on the same candidate."""
+    commit = record.candidate.commit or None
+    doc = (done or {}).get(commit)
+    if doc is None:
+        console.print(f"[bold]sanitize[/]: every contract cell under compute-sanitizer, the base and "
+                      f"{escape((commit or 'the working tree')[:12])}", markup=True)
+        device = record.config.device if record.config.device in ("cuda", "cpu") else None
+        doc = sanitize_mod.sanitize(target, c, candidate_commit=commit, device=device,
+                                    on_event=sanitize_events(console), command=command_line())
+        if done is not None:
+            done[commit] = doc
+        print_sanitize(doc, console)
+    sanitize_mod.attach(record, doc)
+    if doc["findings"] and record.path:
+        record_mod.write(Path(record.path).parent, record)
+    return doc
+
+
+def _tool_list(tools: list[str] | None) -> list[str]:
+    return sanitize_mod.check_tools([t for item in tools or [] for t in item.split(",") if t])
+
+
+@app.command("sanitize")
+@command
+@with_options(LockOptions)
+def sanitize_cmd(
+    op: str,
+    tool: Annotated[list[str] | None, typer.Option(
+        "--tool", help="memcheck, racecheck, initcheck or synccheck; repeat (or comma-separate) for several "
+                       "(default: all four).")] = None,
+    commit: Annotated[str | None, typer.Option(
+        "--commit", help="Check this ref as the candidate (default: the working tree).")] = None,
+    cell: Annotated[list[str] | None, typer.Option(
+        "--cell", help="Only this cell, e.g. B1_T64_H2_D32/fwd; repeat for several (default: every contract cell).")]
+    = None,
+    device: Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda when available).")] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", help="Kill one compute-sanitizer process after this many seconds.")] = sanitize_mod.DEFAULT_TIMEOUT,
+    lock_options: LockOptions = None,  # type: ignore[assignment]
+    repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """One step of every contract cell under compute-sanitizer (memcheck, racecheck, initcheck, synccheck)
+    on the base and on the candidate; exit 1 when the candidate has an error the base does not."""
+    tools = _tool_list(tool)
+    if device not in (None, "cuda", "cpu"):
+        raise UsageError(f"--device {device!r} is not cuda or cpu")
+    target = Target.discover(repo, python)
+    c = contract_mod.Contract.load(target, op)
+    candidate = git.resolve_ref(target.root, commit) if commit else None
+    console = human(as_json)
+    with lock_options.hold(target, op, console, "sanitize"):
+        doc = sanitize_mod.sanitize(target, c, candidate_commit=candidate, cells=cell, tools=tools, device=device,
+                                    on_event=sanitize_events(console), timeout=timeout, command=command_line())
+    code = sanitize_exit(doc)
+    if as_json:
+        emit_json({"ok": True, "exit_code": code, **doc})
+    else:
+        print_sanitize(doc, out)
+    raise typer.Exit(code)

@@ -179,6 +179,36 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
 ]}
 RULES.update(PROBE_RULES)
 
+# compute-sanitizer on the base and the candidate (flaloop/sanitize.py): what only the candidate has.
+SANITIZER_RULES: dict[str, Rule] = {r.id: r for r in [
+    Rule("sanitizer-memcheck", BLOCK, "an out-of-bounds or misaligned access, or a CUDA error, only the candidate has "
+                                      "(compute-sanitizer memcheck)",
+         "a kernel that reads or writes past its tensors passes the tests while the bytes beyond happen to be "
+         "harmless (inside PyTorch's caching allocator they usually are): it corrupts other tensors or faults on "
+         "another shape, allocation order or GPU, and its time includes accesses it should not make.",
+         "fix the masks and offsets (the tails of tl.load/tl.store, the last block of the grid); the raw log in "
+         "profile/<op>-opt/sanitize/ names the kernel, thread and address"),
+    Rule("sanitizer-racecheck", BLOCK, "a shared-memory data race only the candidate has (compute-sanitizer racecheck)",
+         "threads that read shared memory another thread of the block writes, with no barrier between, read "
+         "whatever the schedule gives them: right in the tests by luck, wrong on another GPU, clock or occupancy; "
+         "a barrier dropped for speed is a speedup that is not one.",
+         "put the barrier back between the write and the read (tl.debug_barrier, __syncthreads), or "
+         "double-buffer the shared memory"),
+    Rule("sanitizer-initcheck", BLOCK, "device memory read before anything wrote it, only in the candidate "
+                                       "(compute-sanitizer initcheck)",
+         "a buffer from torch.empty read before it is written holds the allocator's leftovers: the result is "
+         "right only while those happen to be (the unwritten-output probe sees whole outputs; this sees single "
+         "loads, workspaces included).",
+         "write before reading: zero what is accumulated into (torch.zeros), or mask the loads of what is not "
+         "written yet"),
+    Rule("sanitizer-synccheck", BLOCK, "a barrier used invalidly (divergent threads), only in the candidate "
+                                       "(compute-sanitizer synccheck)",
+         "a barrier that only some threads of a block or warp reach (under a branch on the thread index) is "
+         "undefined: it hangs or silently does not synchronize, depending on the GPU and the compiler.",
+         "keep barriers out of divergent branches: every thread of the block must reach each one"),
+]}
+RULES.update(SANITIZER_RULES)
+
 
 def known(rule_id: str) -> bool:
     return rule_id in RULES

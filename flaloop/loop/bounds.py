@@ -76,10 +76,7 @@ def _record(ws: Path, rel: str | None):
     if not rel:
         return None
     p = Path(rel) if Path(rel).is_absolute() else ws / rel
-    try:
-        return record_mod.read(p)
-    except Exception:  # noqa: BLE001 - a missing record is "no number", said by the caller
-        return None
+    return record_mod.read(p) if p.is_file() else None  # gone: "no number"; damaged: read() says which file
 
 
 def _best_record(ws: Path, iters: list[Iteration]):
@@ -161,7 +158,9 @@ def check(ws: Path, iters: list[Iteration], text: str | None, target: float) -> 
         where = f" on {b.cell}" if b.cell else ""
         return Checked(False, why=f"no recorded {b.kind} number{where} for the best iteration's state; "
                                  f"backed by: {KINDS[b.kind]}")
-    cid, n = min(got.items(), key=lambda kv: kv[1]["room"])
+    # where it binds hardest: the least room left, or for the timer the coarsest resolution
+    cid, n = (max(got.items(), key=lambda kv: kv[1]["value"]) if b.kind == "timer"
+              else min(got.items(), key=lambda kv: kv[1]["room"]))
     if b.kind == "timer":
         binds = math.log(need) < n["value"] if need > 1 else True
         room = f"the target needs {need:.4f}x more, {'inside' if binds else 'outside'} that"

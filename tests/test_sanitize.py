@@ -1,0 +1,297 @@
+"""`flaloop sanitize OP`: the contract's cells under compute-sanitizer on the base and the candidate.
+
+This machine has no GPU and no compute-sanitizer, so the story is told twice: without the tool
+(every tool says it is unavailable, nothing blocks), and with a stand-in `compute-sanitizer` put
+first on PATH that runs the real step script on minifla and prints, in the real tool's format
+(records copied from compute-sanitizer 2025.3 on an H200), the errors that the tree it runs in
+plants in `.sanitizer-plant.json`. The base and the candidate each plant their own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import OP, flaloop, git, make_repo
+from rich.console import Console
+
+from flaloop import git as git_mod
+from flaloop import sanitize as sanitize_mod
+from flaloop.bench import record as record_mod
+from flaloop.bench.model import BenchConfig, Cell, CellResult
+from flaloop.bench.record import RunRecord, TreeRef
+from flaloop.cli.measure import bench_exit, print_sanitize, sanitize_record
+from flaloop.contract import Contract
+from flaloop.target import Target
+
+SHAPE = "B1_T64_H2_D32"
+FWD, FWDBWD = f"{SHAPE}/fwd", f"{SHAPE}/fwdbwd"
+PLANT = ".sanitizer-plant.json"
+REFUSED = {"racecheck": "refuse", "initcheck": "refuse", "synccheck": "refuse"}  # keeps the test fast
+
+FAKE = r'''#!@PYTHON@
+"""A stand-in for compute-sanitizer: runs the command after the options, passes its output through,
+and after each `flaloop-cell <id>` line prints the records that ./.sanitizer-plant.json plants."""
+import json, os, subprocess, sys
+
+MEMCHECK = """========= Invalid __global__ write of size 4 bytes
+=========     at {kernel}+0x70 in chunk.py:88
+=========     by thread ({t},0,0) in block (0,0,0)
+=========     Access to 0x7f497c5784{t:02x} is out of bounds
+=========     and is 160,924,161 bytes after the nearest allocation at 0x7f4972c00000 of size 512 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: launch [0x1d7e] in __triton_launcher.cpython-312-x86_64-linux-gnu.so
+========= """
+RACE = """========= Error: Race reported between Write access at {kernel}+0xa0 in chunk.py:80
+=========     and Read access at {kernel}+0xb0 in chunk.py:81 [{t}56 hazards]
+========= """
+
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("NVIDIA (R) Compute Sanitizer\nVersion 2099.1.0 (a test's stand-in)")
+    sys.exit(0)
+opts = {}
+while args and args[0].startswith("--"):
+    opts[args[0]], args = args[1], args[2:]
+tool = opts["--tool"]
+plant = json.load(open(".sanitizer-plant.json")) if os.path.exists(".sanitizer-plant.json") else {}
+mine = plant.get(tool, [])
+print("========= COMPUTE-SANITIZER", flush=True)
+if mine == "refuse":
+    print("========= Error: Device not supported. Please refer to the \"Supported Devices\" section of the "
+          "sanitizer documentation", flush=True)
+    sys.exit(255)
+proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+n = 0
+for line in proc.stdout:
+    sys.stdout.write(line)
+    if line.startswith("flaloop-cell "):
+        for rec in [r for r in mine if r["cell"] == line.split(" ", 1)[1].strip()]:
+            for t in range(rec.get("times", 2)):
+                print((RACE if tool == "racecheck" else MEMCHECK).format(kernel=rec["kernel"], t=t))
+                n += 1
+    sys.stdout.flush()
+rc = proc.wait()
+if tool == "racecheck":
+    print(f"========= RACECHECK SUMMARY: {n} hazards displayed ({n} errors, 0 warnings)")
+else:
+    print(f"========= ERROR SUMMARY: {n} error{'' if n == 1 else 's'}")
+sys.exit(int(opts["--error-exitcode"]) if n else rc)
+'''
+
+
+def plant(repo: Path, **tools) -> None:
+    (repo / PLANT).write_text(json.dumps(tools))
+
+
+@pytest.fixture(scope="module")
+def fake_bin(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("fake-cuda")
+    exe = d / "compute-sanitizer"
+    exe.write_text(FAKE.replace("@PYTHON@", sys.executable))
+    exe.chmod(0o755)
+    return d
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory, fake_bin) -> tuple[Path, dict]:
+    """minifla with one shape, fwd and fwdbwd. The base has a memcheck error in the fwd kernel on the
+    fwd cell and refuses racecheck; the candidate has the same error, and one more of its own in the
+    backward kernel on the fwdbwd cell. One `flaloop sanitize --json` over memcheck and racecheck."""
+    repo = make_repo(tmp_path_factory.mktemp("sanitize") / "minifla")
+    plant(repo, memcheck=[{"cell": FWD, "kernel": "chunk_linear_attn_fwd_kernel"}], **REFUSED)
+    git(repo, "add", PLANT)
+    git(repo, "commit", "-q", "-m", "the base's own sanitizer errors")
+    r = flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd,fwdbwd")
+    assert r.code == 0, r.stderr
+    plant(repo, memcheck=[{"cell": FWD, "kernel": "chunk_linear_attn_fwd_kernel", "times": 3},
+                          {"cell": FWDBWD, "kernel": "chunk_linear_attn_bwd_dq_kernel"}], **REFUSED)
+    r = flaloop(repo, "sanitize", OP, "--tool", "memcheck,racecheck", "--json",
+                env={"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"})
+    assert r.code in (0, 1), r.stdout + r.stderr
+    return repo, {"code": r.code, "doc": r.json, "stderr": r.stderr}
+
+
+def test_without_compute_sanitizer_every_tool_says_unavailable_and_nothing_blocks(tmp_path):
+    if any(Path(d, "compute-sanitizer").exists() for d in ("/usr/local/cuda/bin",)):
+        pytest.skip("this machine has a real compute-sanitizer in /usr/local/cuda/bin")
+    repo = make_repo(tmp_path / "minifla")
+    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd,fwdbwd").code == 0
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    path = os.pathsep.join([str(bare), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    r = flaloop(repo, "sanitize", OP, env={"PATH": path, "CUDA_HOME": str(tmp_path), "CUDA_PATH": None})
+    assert r.code == 0, r.stdout + r.stderr
+    for tool in sanitize_mod.TOOLS:
+        assert f"{tool}: unavailable: compute-sanitizer is not on PATH" in r.stdout
+    doc = json.loads(next((repo / "profile" / f"{OP}-opt" / "sanitize").glob("*/sanitize.json")).read_text())
+    assert doc["blocked"] is False and doc["findings"] == [] and doc["cells"] == [FWD, FWDBWD]
+    assert all(not t["available"] for t in doc["tools"].values())
+
+
+def test_an_error_only_the_candidate_has_blocks_naming_the_cell_and_the_kernel(planted):
+    _, res = planted
+    doc = res["doc"]
+    assert res["code"] == 1 and doc["exit_code"] == 1 and doc["blocked"] is True
+    [f] = doc["findings"]
+    assert f["rule"] == "sanitizer-memcheck" and f["blocking"] and f["severity"] == "block"
+    assert f["cell"] == FWDBWD and f["side"] == "cand"
+    assert "chunk_linear_attn_bwd_dq_kernel (chunk.py:88)" in f["message"]
+    assert "Invalid __global__ write (out of bounds)" in f["message"] and "2x" in f["message"]
+    assert "fix the masks" in f["fix"]
+
+
+def test_an_error_the_base_has_too_is_pre_existing_and_does_not_block(planted):
+    _, res = planted
+    mem = res["doc"]["tools"]["memcheck"]
+    [old] = mem["pre_existing"]
+    assert (old["cell"], old["kernel"], old["count"]) == (FWD, "chunk_linear_attn_fwd_kernel", 3)  # 3 vs 2: same bug
+    assert [r["kernel"] for r in mem["new"]] == ["chunk_linear_attn_bwd_dq_kernel"]
+    base = mem["sides"]["base"]
+    assert base["errors"] == 2 and [(r["cell"], r["count"]) for r in base["records"]] == [(FWD, 2)]
+    shown = io.StringIO()
+    print_sanitize(res["doc"], Console(file=shown, width=200))
+    assert (f"pre-existing (the base has them too): {FWD}: Invalid __global__ write (out of bounds) in "
+            "chunk_linear_attn_fwd_kernel, 3x") in shown.getvalue()
+    assert "memcheck: base 2 error(s) in" in shown.getvalue() and "1 only on the candidate, 1 pre-existing" in shown.getvalue()
+
+
+def test_a_tool_the_device_refuses_is_unavailable_with_the_reason(planted):
+    _, res = planted
+    race = res["doc"]["tools"]["racecheck"]
+    assert race["available"] is False and "Device not supported" in race["reason"]
+    assert list(race["sides"]) == ["base"]  # the candidate is not run once the device said no
+    assert not any(f["rule"] == "sanitizer-racecheck" for f in res["doc"]["findings"])
+
+
+def test_the_document_records_both_sides_every_cell_and_what_each_cost(planted):
+    repo, res = planted
+    doc = res["doc"]
+    path = Path(doc["path"])
+    assert path.parent.parent == repo / "profile" / f"{OP}-opt" / "sanitize"
+    assert json.loads(path.read_text())["findings"] == doc["findings"]
+    assert doc["kind"] == "sanitize" and doc["cells"] == [FWD, FWDBWD] and doc["failed"] == []
+    assert doc["base_commit"] == git(repo, "rev-parse", "HEAD").strip() and doc["candidate"]["dirty"] is True
+    assert "2099.1.0" in doc["sanitizer"]["version"]
+    mem = doc["tools"]["memcheck"]
+    for side in ("base", "cand"):
+        run = mem["sides"][side]
+        assert run["status"] == "ok" and run["device"] == "cpu" and run["exit_code"] == sanitize_mod.ERROR_EXIT
+        assert [c["id"] for c in run["cells"]] == [FWD, FWDBWD] and all(c["ok"] for c in run["cells"])
+        assert Path(run["log"]).is_file() and "flaloop-cell " + FWD in Path(run["log"]).read_text()
+        assert doc["cost"]["per_tool_s"]["memcheck"][side] > 0
+        assert doc["cost"]["per_cell_s"][FWDBWD]["memcheck"][side] > 0
+    base_log = mem["sides"]["base"]["log"]
+    assert "/base" in json.loads(Path(base_log).with_suffix(".json").read_text())["hello"]["op_module_file"]
+
+
+def test_verify_and_iter_sanitize_the_measured_snapshot_and_block_its_run_record(planted, fake_bin, monkeypatch,
+                                                                                tmp_path):
+    repo, _ = planted
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    target = Target.discover(str(repo))
+    c = Contract.load(target, OP)
+    snapshot = git_mod.snapshot(repo)  # what the bench measures: the working tree as a commit
+    cells = [CellResult(Cell(SHAPE, {}, m), status="ok", verdict="FASTER") for m in ("fwd", "fwdbwd")]
+    record = RunRecord(op=OP, created="now", base=TreeRef(c.base_commit), candidate=TreeRef(snapshot),
+                       config=BenchConfig(), cells=cells)
+    record_mod.write(tmp_path, record)
+    done: dict = {}
+    doc = sanitize_record(target, c, record, Console(file=io.StringIO()), done)
+    assert doc["candidate"] == {"commit": snapshot} and done == {snapshot: doc}
+    assert [x.verdict for x in record.cells] == ["FASTER", "BLOCKED"] and record.guard.blocked
+    stored = record_mod.read(tmp_path / "record.json")
+    assert bench_exit(stored) == 1 and stored.guard.findings[0].rule == "sanitizer-memcheck"
+    again = RunRecord(op=OP, created="now", base=TreeRef(c.base_commit), candidate=TreeRef(snapshot),
+                      config=BenchConfig(), cells=[CellResult(Cell(SHAPE, {}, "fwdbwd"), status="ok", verdict="SAME")])
+    assert sanitize_record(target, c, again, Console(file=io.StringIO()), done) is doc  # iter's second bench
+    assert again.cells[0].verdict == "BLOCKED"
+
+
+def test_a_cell_that_faults_on_the_candidate_only_is_reported_not_fully_checked():
+    # racecheck on an H200, a candidate whose load reads far past q: no race, but an illegal address
+    ok = [{"id": FWD, "ok": True}, {"id": FWDBWD, "ok": True}]
+    dead = [{"id": FWD, "ok": False, "error": "AcceleratorError: CUDA error: an illegal memory access was encountered"},
+            {"id": FWDBWD, "ok": False, "error": "AcceleratorError: CUDA error: an illegal memory access was encountered"}]
+    base = sanitize_mod.SideRun("base", "racecheck", errors=0, cells=ok)
+    cand = sanitize_mod.SideRun("cand", "racecheck", errors=0, cells=dead)
+    entry, found = sanitize_mod.tool_result("racecheck", base, cand)
+    assert found == [] and entry["available"] is True
+    assert [u.split(" failed")[0] for u in entry["unchecked"]] == [FWD, FWDBWD]
+    assert "illegal memory access" in entry["unchecked"][0]
+
+
+def test_cuda_api_errors_after_a_kernel_fault_are_counted_into_its_finding():
+    new = [sanitize_mod.ErrorRecord(FWD, "Invalid __global__ read (out of bounds)", "fwd_kernel", count=256),
+           sanitize_mod.ErrorRecord(FWD, 'Program hit cudaErrorLaunchFailure on cudaGetLastError', None),
+           sanitize_mod.ErrorRecord(FWDBWD, 'Program hit cudaErrorLaunchFailure on cudaStreamIsCapturing', None)]
+    [f] = sanitize_mod.findings_for("memcheck", new, {})
+    assert f.cell == FWD and "fwd_kernel" in f.message and "then 2 failed CUDA API call(s)" in f.message
+    [api] = sanitize_mod.findings_for("memcheck", new[1:2], {})  # on its own, an API error is a finding
+    assert api.blocking and api.message.startswith("Program hit cudaErrorLaunchFailure")
+
+
+def test_a_cpu_run_of_the_real_tool_is_zero_errors_not_a_refusal():
+    # compute-sanitizer 2025.3 on a program that makes no CUDA call (exit 255, no summary)
+    log = sanitize_mod.parse_log("========= COMPUTE-SANITIZER\nflaloop-cell X/fwd\n"
+                                 "========= Error: Target application terminated before first instrumented API call\n")
+    assert log.no_cuda and log.problem is None and log.records == []
+
+
+def test_real_racecheck_and_synccheck_records_read_as_one_kind_per_kernel():
+    text = """========= COMPUTE-SANITIZER
+flaloop-cell X/fwd
+========= Error: Race reported between Write access at race_kernel(int *)+0xa0
+=========     and Write access at race_kernel(int *)+0xa0 [64 hazards]
+=========     and Read access at race_kernel(int *)+0xb0 [256 hazards]
+=========
+flaloop-cell X/fwdbwd
+========= Barrier error detected. Divergent thread(s) in warp.
+=========     at 0x000000b0 in div.cu:10:div_kernel(int *)
+=========     by thread (0,0,0) in block (0,0,0)
+=========
+========= Barrier error detected. Divergent thread(s) in warp.
+=========     at 0x000000b0 in div.cu:10:div_kernel(int *)
+=========     by thread (1,0,0) in block (0,0,0)
+=========
+========= ERROR SUMMARY: 16 errors
+========= ERROR SUMMARY: 14 errors were not printed. Use --print-limit option to adjust the number of printed errors
+"""
+    log = sanitize_mod.parse_log(text)
+    race, barrier = log.records
+    assert (race.cell, race.kernel, race.kind) == ("X/fwd", "race_kernel",
+                                                   "Race reported between Write access and Read / Write access")
+    assert (barrier.cell, barrier.kernel, barrier.where, barrier.count) == ("X/fwdbwd", "div_kernel", "div.cu:10", 2)
+    assert log.errors == 16 and log.truncated
+
+
+def test_attach_blocks_the_named_cell_of_a_run_record():
+    cells = [CellResult(Cell(SHAPE, {}, m), status="ok", verdict="FASTER") for m in ("fwd", "fwdbwd")]
+    record = RunRecord(op=OP, created="now", base=TreeRef("a" * 40), candidate=TreeRef("b" * 40),
+                       config=BenchConfig(), cells=cells)
+    f = sanitize_mod.findings_for("memcheck", [sanitize_mod.ErrorRecord(FWDBWD, "Invalid __global__ read", "k")], {})
+    assert sanitize_mod.attach(record, {"findings": [x.to_dict() for x in f]}) is True
+    assert [c.verdict for c in record.cells] == ["FASTER", "BLOCKED"]
+    assert "sanitizer-memcheck" in record.cells[1].reason and record.guard.blocked
+    assert record.summary.n_blocked == 1
+
+
+def test_a_bad_tool_name_is_a_usage_error(tmp_path):
+    repo = make_repo(tmp_path / "minifla")
+    r = flaloop(repo, "sanitize", OP, "--tool", "memchek")
+    assert r.code == 2 and "memchek" in r.stderr and "memcheck, racecheck" in r.stderr
+
+
+def test_a_contract_cell_filter_names_the_known_cells(tmp_path):
+    repo = make_repo(tmp_path / "minifla")
+    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
+    target = Target.discover(str(repo))
+    c = Contract.load(target, OP)
+    assert [x.id for x in sanitize_mod.contract_cells(target, c)] == [FWD]
+    with pytest.raises(Exception, match="unknown cell"):
+        sanitize_mod.contract_cells(target, c, ["nope/fwd"])
