@@ -458,6 +458,8 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
     say = on_event or (lambda *a, **k: None)
     tools = check_tools(tools)
     picked = contract_cells(target, contract, cells)
+    if candidate_commit is not None:  # recorded as the commit, so a go finds this run by its kept commit
+        candidate_commit = git.resolve_ref(target.root, candidate_commit)
     if not target.registry_file.is_file():
         raise UsageError(f"{contract.op} has no registry entry to build inputs from",
                          f"the bench reads TensorSpecs from {target.registry_file.relative_to(target.root)}")
@@ -532,3 +534,38 @@ def attach(record, doc: dict) -> bool:
         record.guard.blocked = True
     record.summary.n_blocked = sum(c.verdict == "BLOCKED" for c in record.cells)
     return bool(blocking)
+
+
+# -- before a go ---------------------------------------------------------------------------------
+
+def latest(ws: Path, base_commit: str, cand_commit: str, cells: list[str], tools=TOOLS) -> dict | None:
+    """The newest sanitize.json of this base and candidate commit that ran every tool on every cell."""
+    found = None
+    for p in sorted((ws / "sanitize").glob("*/sanitize.json")):
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if doc.get("base_commit") == base_commit and (doc.get("candidate") or {}).get("commit") == cand_commit \
+                and set(cells) <= set(doc.get("cells") or []) and set(tools) <= set(doc.get("tools") or {}):
+            found = doc
+    return found
+
+
+def for_go(target, contract, iteration, *, on_event: Callable[..., None] | None = None, command: str = "") -> dict:
+    """The sanitizer run a go rests on: every contract cell under all four tools, the base against the
+    kept iteration's commit; the recorded one when there is one, else a new one."""
+    cells = [c.id for c in contract_cells(target, contract, None)]
+    have = latest(target.workspace(contract.op), contract.base_commit, iteration.commit, cells)
+    return have or sanitize(target, contract, candidate_commit=iteration.commit, on_event=on_event, command=command)
+
+
+def go_missing(doc: dict) -> list[tuple[str, str]]:
+    """What the sanitizer run leaves missing for a go: its blocking findings, or cells that failed on
+    the candidate alone. A tool that is missing or refused is said, not held against the go."""
+    if doc.get("blocked"):
+        return [("sanitizer", "; ".join(f"{f['rule']} {f.get('cell') or ''}: {f['message']}" for f in doc["findings"]
+                                        if f.get("blocking")) + f" ({doc.get('path')})")]
+    if doc.get("failed"):
+        return [("sanitizer", "not every cell could be checked: " + "; ".join(doc["failed"]) + f" ({doc.get('path')})")]
+    return []

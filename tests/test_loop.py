@@ -138,6 +138,8 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     assert 0.5 <= r.json["decision"]["data"]["explained_share"] <= 1.5  # the sleep: host time outside any op
     host = {k["name"]: k for k in expl["cells"][0]["kernels"]}["(host time outside any op)"]
     assert host["base_ms"] > 4 > 1 > host["cand_ms"]
+    notes = r.json["decision"]["data"]["sanitizer_notes"]  # the go ran the sanitizer step, which says why not
+    assert set(notes) == {"memcheck", "racecheck", "initcheck", "synccheck"} and r.json["decision"]["data"]["sanitize"]
 
     # a row typed over is reported by name, and only --restore renders over it (saving the edit)
     opt_log.write_text(opt_log.read_text().replace("| revert |", "| keep |", 1))

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flaloop import explain, git, workspace
+from flaloop import sanitize as sanitize_mod
 from flaloop.bench.record import RunRecord
 from flaloop.cli.app import (
     JsonOpt,
@@ -275,13 +276,15 @@ def stop_cmd(
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Stop the loop: --go needs a kept iteration that meets the target and kernels that explain its win
-    (profiled here when not yet recorded); --no-go the five-item bar with a measured bound."""
+    """Stop the loop: --go needs a kept iteration that meets the target, kernels that explain its win and a
+    clean compute-sanitizer run (both taken here when not yet recorded); --no-go the five-item bar with a
+    measured bound."""
     if go == no_go:
         raise UsageError("say --go or --no-go", "--go when a kept iteration meets the target, --no-go otherwise")
     target, c, ws = _setup(op, repo, python)
     console = human(as_json)
     explanation: dict | None = None
+    sanitized: dict | None = None
     checked = None
     with lock_options.hold(target, op, console, "stop"):
         iters = ws.iterations()
@@ -297,6 +300,12 @@ def stop_cmd(
                                                  f"  profiling the {i.get('side')} side: {i.get('cells')} cells "
                                                  f"x {i.get('steps')} steps ..."))
                 missing = explain.go_missing(explanation)
+            if not missing:
+                console.print("... and compute-sanitizer on every cell, the base against the kept commit ...")
+                sanitized = sanitize_mod.for_go(target, c, rules.best(iters), command=_command_line(),
+                                                on_event=lambda kind, **i: kind == "run" and console.print(
+                                                    f"  {i.get('tool')} on the {i.get('side')} side ..."))
+                missing = sanitize_mod.go_missing(sanitized)
         else:
             checked = bounds.check(ws.path, iters, bound, c.target_speedup)
             missing = rules.no_go_missing(iters, checked)
@@ -306,7 +315,8 @@ def stop_cmd(
                    + "\n".join(f"  - {k}: {v}" for k, v in missing))
             if as_json:
                 emit_json({"ok": False, "error": msg, "missing": [{"item": k, "why": v} for k, v in missing],
-                           "explanation": explanation, "bound": checked.__dict__ if checked else None,
+                           "explanation": explanation, "sanitize": sanitized,
+                           "bound": checked.__dict__ if checked else None,
                            "exit_code": 1})
                 console.print(msg)
                 raise typer.Exit(1)
@@ -318,9 +328,12 @@ def stop_cmd(
                 "target": c.target_speedup, "conditions": rules.stop_conditions(iters, c.max_iters),
                 "bar": list(rules.NO_GO_ITEMS) if no_go else ["keep", "full gate", "target", "full shape set",
                                                               *(["varlen cells"] if c.varlen else []),
-                                                              "explained win"]}
+                                                              "explained win", "sanitizer"]}
         if checked:
             data["bound_numbers"] = checked.numbers
+        if sanitized:
+            data["sanitize"] = ws.rel(sanitized.get("path"))
+            data["sanitizer_notes"] = {t: e.get("reason") for t, e in (sanitized.get("tools") or {}).items()}
         if explanation:
             data["explanation"] = ws.rel(explanation["_path"])
             data["explained_share"] = (explanation.get("total") or {}).get("share")
