@@ -114,7 +114,7 @@ def suite_evidence(ctx: Ctx) -> None:
                      f"{c['kernel_cand_ms']:.4f} ms, share {'-' if share is None else f'{share:.3f}'}; {top}")
     # the kept commit under all four tools on every contract cell: the go reuses this run
     honest = _sanitize(ctx, repo, "honest", ["memcheck", "racecheck", "initcheck", "synccheck"], env, lines, [],
-                       ("--commit", "HEAD"))
+                       ("--commit", "HEAD", "--timeout", "200"))
     goal("sanitize honest", honest["code"] == 0 and not honest["doc"].get("blocked"),
          f"exit {honest['code']} in {honest['wall']:.0f}s, findings {honest['rules']}")
     code, wall, st = run(ctx, ["stop", OP, "--go", "--repo", str(repo), "--json"], d / "stop", env=env)
