@@ -52,20 +52,18 @@ from flaloop import fsutil, git, procs
 from flaloop.bench import model as model_mod
 from flaloop.bench import record as record_mod
 from flaloop.errors import MeasurementError, UsageError
+from flaloop.guard import catalogue
 from flaloop.guard.findings import BLOCK, Finding
 
 SCRIPT = Path(__file__).parent / "scripts" / "profile_step.py"
-RULE = "unexplained-speedup"
+RULE = catalogue.UNEXPLAINED.id
 SHARE_BOUNDS = (0.5, 1.5)
 VANISHED_SHARE = 0.05
 TAKEN_OVER = 0.10
 NOISE_Z = 2.0
 DEFAULT_STEPS = 10
 HOST_ROW = "(host time outside any op)"  # profile_step.py's row of the same name
-WHY = ("a speedup the kernels cannot account for is a silent-skip suspect: the promotion rule asks for a "
-       "profiler reading that explains the win")
-FIX = ("find where the time went: `flaloop profile OP --shape S --mode M` shows both sides' traces; if the "
-       "profile is too noisy, `flaloop explain OP --steps 50`")
+WHY, FIX = catalogue.UNEXPLAINED.why, catalogue.UNEXPLAINED.fix
 
 
 @dataclass

@@ -130,7 +130,8 @@ def _benchmark(doc: dict) -> list[str]:
                    f"**{geo['speedup']:.4f}x**, 95% CI [{geo['ci_low']:.4f}, {geo['ci_high']:.4f}]; worst cell "
                    f"{geo.get('worst_cell_id')} {geo['worst_speedup']:.4f}x; {geo['n_regressions']} regression(s).")
     cov = doc["coverage"]
-    out.append(f"Coverage: {len(cov['dense'])} dense cell(s), {len(cov['varlen'])} varlen cell(s) "
+    kinds = " + ".join(k for k in ("dense", "varlen") if cov[k]) or "none"
+    out.append(f"Coverage: {kinds}: {len(cov['dense'])} dense cell(s), {len(cov['varlen'])} varlen cell(s) "
                f"({', '.join(cov['varlen']) or 'none'}); modes {', '.join(cov['modes'])}.")
     roof = doc["roofline"]
     if roof["family"]:

@@ -140,6 +140,14 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     assert host["base_ms"] > 4 > 1 > host["cand_ms"]
     notes = r.json["decision"]["data"]["sanitizer_notes"]  # the go ran the sanitizer step, which says why not
     assert set(notes) == {"memcheck", "racecheck", "initcheck", "synccheck"} and r.json["decision"]["data"]["sanitize"]
+    rep = fl(repo, "report", OP, "--no-plots", "--json")  # (it refuses the claim here: the dispatch's bench
+    assert rep.code in (0, 1), rep.stderr                 # left the tree's record without its gate)
+    assert rep.json["explanation"]["_path"] == expl["_path"] and rep.json["records"]["explanation"] == expl["_path"]
+    md = (ws(repo) / "report" / "REPORT.md").read_text()
+    what = md.split("## What explains the win", 1)[1].split("\n## ", 1)[0]
+    assert "`B2_T64_H2_D16/fwd`" in what and "`(host time outside any op)`" in what and "share explained" in what
+    assert "Coverage: dense: " in md and "0 varlen cell(s)" in md
+    assert not any("explanation" in x for x in rep.json["risks"])
 
     # a row typed over is reported by name, and only --restore renders over it (saving the edit)
     opt_log.write_text(opt_log.read_text().replace("| revert |", "| keep |", 1))

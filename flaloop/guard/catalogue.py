@@ -209,6 +209,16 @@ SANITIZER_RULES: dict[str, Rule] = {r.id: r for r in [
 ]}
 RULES.update(SANITIZER_RULES)
 
+# At a go (flaloop/explain.py): the win set against the kernels that should explain it. No --allow:
+# a go either has its explanation or it does not.
+UNEXPLAINED = Rule(
+    "unexplained-speedup", BLOCK, "a win the kernels do not account for (profiled at the go)",
+    "a speedup you can't account for is a silent-skip suspect: work that runs only when nobody profiles, "
+    "only outside the timed calls, or not at all, while the kernels that should show the win do not.",
+    "find where the time went: `flaloop profile OP --shape S --mode M` shows both sides' traces; if the "
+    "profile is only noisy, `flaloop explain OP --steps 50`")
+RULES[UNEXPLAINED.id] = UNEXPLAINED
+
 
 def known(rule_id: str) -> bool:
     return rule_id in RULES
