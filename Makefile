@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.flaloop-installed
 $(STAMP): pyproject.toml Makefile
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 triton==3.6.0
-	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev,gpu,ray]'
+	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev,gpu,ray,mcp]'
 	@touch $@
 
 setup: $(STAMP)

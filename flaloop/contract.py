@@ -282,6 +282,32 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _worker_transforms() -> tuple[str, ...]:
+    """The transforms a bench worker knows: VALID_OVERRIDES of bench/worker/inputs.py, read from its
+    source (the worker runs in the target's interpreter and imports torch: it is not imported here)."""
+    tree = ast.parse((Path(__file__).parent / "bench" / "worker" / "inputs.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "VALID_OVERRIDES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError("bench/worker/inputs.py lost VALID_OVERRIDES")
+
+
+TRANSFORMS = _worker_transforms()
+
+
+def check_overrides(spec: OpSpec, overrides: dict[str, str]) -> None:
+    """Every --input names an input of the op and a transform the bench knows: said before any
+    worker starts (a typo is a usage error, exit 2, never a measurement failure)."""
+    inputs = (spec.registry or {}).get("inputs", {})
+    unknown = [n for n in overrides if spec.registry and n not in inputs]
+    if unknown:
+        raise UsageError(f"--input names {', '.join(unknown)}, not inputs of {spec.name}",
+                         f"its inputs: {', '.join(inputs)}")
+    bad = [f"{n}={t}" for n, t in overrides.items() if t not in TRANSFORMS]
+    if bad:
+        raise UsageError(f"--input {', '.join(bad)}: unknown transform", f"known: {', '.join(TRANSFORMS)}")
+
+
 def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shapes: list[str] | None,
            langs: list[str], modes: list[str], overrides: dict[str, str], varlen: bool = False,
            max_iters: int = 20, frozen_may_differ: bool = False) -> Contract:
@@ -303,10 +329,7 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         if unknown:
             raise UsageError(f"unknown shape(s) {', '.join(unknown)} for {spec.name}",
                              f"known: {', '.join(known_shapes) or '(none)'}")
-    unknown_inputs = [n for n in overrides if spec.registry and n not in spec.registry.get("inputs", {})]
-    if unknown_inputs:
-        raise UsageError(f"--input names {', '.join(unknown_inputs)}, not inputs of {spec.name}",
-                         f"its inputs: {', '.join(spec.registry.get('inputs', {}))}")
+    check_overrides(spec, overrides)
     frozen, answer = compute_frozen(target, spec, base_commit)
     entry_rel = os.path.relpath(answer["func_file"], os.path.realpath(target.root))
     contract = Contract(

@@ -6,7 +6,9 @@ honest speedup that is kept, a cheat that is dropped, two changes that gain noth
 reverted, the stall rule refusing a third, the re-assessment that releases it, and the status.
 On the CPU the example's Triton kernels run in the interpreter (TRITON_INTERPRET=1), where a
 larger chunk means fewer interpreted loop iterations: a real speedup, measured as one.
-The scratch repo lives in a neutral temp dir and is removed at the end unless --keep is given.
+It ends with the go (the kept iteration's explanation by its kernels) and the report. The scratch repo
+lives in a neutral temp dir (or under --keep DIR) and stays there: its path, OPT_LOG.md, REPORT.md
+and the plots are printed at the end.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from flaloop import git
 from flaloop.bench import forkservers
 from flaloop.errors import UsageError
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "minifla"
+# In a wheel the example ships inside the package (setup.py); in a checkout it is examples/minifla.
+EXAMPLE = next((p for p in (Path(__file__).resolve().parent / "_example" / "minifla",
+                            Path(__file__).resolve().parents[1] / "examples" / "minifla") if p.is_dir()),
+               Path(__file__).resolve().parents[1] / "examples" / "minifla")
 OP = "chunk_linear_attn"
 TINY = "B1_T64_H2_D32"
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 # Few pairs, one round: the demo's speed differences are large (x1.5 and more), and it must stay short.
-QUICK = ["--min-pairs", "4", "--max-pairs", "6", "--rounds", "1", "--cell-seconds", "20"]
+QUICK = ["--min-pairs", "4", "--max-pairs", "8", "--rounds", "1", "--cell-seconds", "20"]
 IDENTITY = {"GIT_AUTHOR_NAME": "demo", "GIT_AUTHOR_EMAIL": "demo@localhost",
             "GIT_COMMITTER_NAME": "demo", "GIT_COMMITTER_EMAIL": "demo@localhost"}
 # A cheat the tests cannot see: zeros at exactly the bench's shape and dtype. The guard's static
@@ -65,12 +70,15 @@ def _say(console: Console, title: str, text: str) -> None:
     console.print(f"\n[bold]{escape(title)}[/] {escape(text)}", markup=True)
 
 
-def run_demo(console: Console, keep: Path | None = None) -> Path | None:
+def run_demo(console: Console, keep: Path | None = None) -> Path:
+    """The demo in `keep` (else a new temp dir); the scratch repo stays where it says it is."""
     if not EXAMPLE.is_dir():
-        raise UsageError(f"the bundled example is missing at {EXAMPLE}", "run the demo from a flaloop checkout")
+        raise UsageError(f"the bundled example is missing at {EXAMPLE}",
+                         "reinstall flaloop (the example ships inside the package), or run from a checkout")
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the example's Triton kernels run on the CPU
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # two bench workers share the cores; don't let torch spin
     scratch = git.neutral_tempdir("flaloop-demo-") if keep is None else keep
+    clean = keep is None  # a demo that fails half way leaves no temp dir behind
     repo = scratch / "minifla"
     if repo.exists():
         raise UsageError(f"{repo} already exists", "pass another --keep directory")
@@ -136,19 +144,31 @@ def run_demo(console: Console, keep: Path | None = None) -> Path | None:
                             "--why", "each kernel re-walks the sequence; one walk would do"])
         _sh(console, repo, ["status", OP])
         _sh(console, repo, ["header", OP, "--iter", "1"])
-        log = repo / "profile" / f"{OP}-opt" / "OPT_LOG.md"
+        _say(console, "The end, a go:", "iteration 1 met the target. The go profiles it against the base on "
+             "every measured cell and accounts for the saving kernel by kernel (on the CPU the kernels are the "
+             "interpreter's), and runs compute-sanitizer where there is one; then the report for the pull request.")
+        _sh(console, repo, ["stop", OP, "--go"])
+        _sh(console, repo, ["report", OP])
+        ws = repo / "profile" / f"{OP}-opt"
+        log = ws / "OPT_LOG.md"
         console.rule(f"{log.relative_to(repo)}", style="cyan")
         console.print(log.read_text())
         console.rule("git log --oneline", style="cyan")
         subprocess.run(["git", "log", "--oneline"], cwd=repo)
-        console.print(f"\n[green]demo finished[/]: workspace {escape(str(log.parent))}", markup=True)
-        return repo if keep else None
+        console.print(f"\n[green]demo finished[/]: the scratch repo is kept at {escape(str(repo))}", markup=True)
+        for path in [log, ws / "report" / "REPORT.md", *sorted((ws / "report").glob("*.png"))]:
+            if path.exists():
+                console.print(f"  {path}")
+        console.print(f"  (remove it with: rm -rf {shlex.quote(str(scratch))})")
+        return repo
+    except BaseException:
+        if clean:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
     finally:
         if own_servers:
             forkservers.stop_all()
             del os.environ[forkservers.DIR_ENV]
-        if keep is None:
-            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def plant_unwritten_tail(chunk: Path) -> None:

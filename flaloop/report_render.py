@@ -62,6 +62,97 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
     return "\n".join(L)
 
 
+# -- GitHub pull-request comments (`flaloop report --format github`) ----------------------------------
+
+GITHUB_MARKER = "<!-- flaloop-report -->"  # a workflow finds (and updates) its own comment by it
+
+
+def _gh_cells(cells: list[dict]) -> list[str]:
+    """Cells (dicts with id, verdict, speedup, ci_low, ci_high; status and reason when not measured)."""
+    rows = [[f"`{c['id']}`", f"**{c.get('verdict')}**" if c.get("verdict") in ("SLOWER", "FASTER")
+             else (c.get("verdict") or c.get("status") or "-"), _f(c.get("speedup")) + ("x" if c.get("speedup") else ""),
+             f"[{_f(c.get('ci_low'))}, {_f(c.get('ci_high'))}]" if c.get("ci_low") is not None else "-"]
+            for c in cells]
+    return _table(["cell", "verdict", "speedup", "95% CI"], rows)
+
+
+def _gh_findings(findings: list[dict]) -> list[str]:
+    if not findings:
+        return ["Guard: no findings."]
+    return ["Guard findings:", ""] + _table(["rule", "severity", "where", "what"], [
+        [f"`{f.get('rule')}`", f.get("severity") or "", f.get("where") or "", (f.get("message") or "")[:300]]
+        for f in findings])
+
+
+def _gh_geo(g: dict | None) -> str:
+    return "-" if not g else f"{g['speedup']:.4f}x [{g['ci_low']:.4f}, {g['ci_high']:.4f}]"
+
+
+def render_github(doc: dict) -> str:
+    """The report (`report.build()`'s dict) as a pull-request comment: a headline, the op's cells in a
+    collapsible block with the geomean and the guard's findings, and the marker."""
+    s, geo = doc["summary"], doc["summary"]["geomean"]
+    L = [GITHUB_MARKER, f"### flaloop: {_headline(doc)}", ""]
+    if doc["refused"]:
+        L += ["> **REFUSED: this is not a claim of a win.**"] + [f"> - `{r['reason']}`: {r['message']}" for r in doc["refused"]]
+        L.append("")
+    counts = ", ".join(f"{s[f'n_{v.lower()}']} {v}" for v in ("FASTER", "SLOWER", "SAME", "UNSURE"))
+    L += ["<details><summary><b>" + doc["op"] + "</b>: " + doc["conclusion"]["text"] + f" ({counts})</summary>", ""]
+    L += _gh_cells(doc["cells"]) + [""]
+    if geo:
+        L.append(f"Geomean over {s['n_measured']} cell(s): **{_gh_geo(geo)}**, worst cell `{geo.get('worst_cell_id')}` "
+                 f"{geo['worst_speedup']:.4f}x. Measured on {_device(doc['environment'])}.")
+    L += [""] + _gh_findings(doc["guard"]["findings"]) + ["", "</details>", ""]
+    L.append(f"_From stored records by `flaloop report {doc['op']} --format github`; nothing was re-measured._")
+    return "\n".join(L) + "\n"
+
+
+def render_github_sweep(rec, findings: dict[str, list[dict]] | None = None) -> str:
+    """A sweep record (sweep/record.SweepRecord) as a pull-request comment: a headline, the ranked
+    table, then one collapsible block per op (or candidate) with its cells, geomean, gate and the
+    guard's findings (`findings`: per row key, read from its run record), and the marker."""
+    findings = findings or {}
+    name = (lambda r: r.op) if rec.kind == "ops" else (lambda r: r.ref)
+    verdicts = [r.verdict or r.status.upper() for r in rec.rows]
+    tally = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)) or "nothing measured"
+    what = "op(s) the change touches" if rec.kind == "ops" else f"candidate(s) of {rec.ops[0]}"
+    base = f"`{rec.base.commit[:12]}`" + (f" (`{rec.base.ref}`)" if rec.base.ref and rec.base.ref != rec.base.commit else "")
+    bad = [r for r in rec.rows if r.status == "blocked" or r.slower or r.verdict == "SLOWER"]
+    L = [GITHUB_MARKER, f"### flaloop: {len(rec.rows)} {what} against {base}: {tally}", ""]
+    if bad:
+        L += ["**" + ", ".join(f"{name(r)} {'BLOCKED' if r.status == 'blocked' else 'SLOWER'}" for r in bad) + "**", ""]
+    L += _table(["rank", "op" if rec.kind == "ops" else "candidate", "status", "verdict", "geomean (95% CI)",
+                 "worst cell", "gate"],
+                [[str(r.rank or "-"), name(r), r.status, r.verdict or "-", _gh_geo(r.geomean),
+                  f"{r.worst_cell['id']} {r.worst_cell['speedup']:.4f}x" if r.worst_cell else "-",
+                  "-" if r.gate is None else ("green" if r.gate.get("green") else "RED")] for r in rec.rows]) + [""]
+    for r in rec.rows:
+        L += [f"<details><summary><b>{name(r)}</b>: {r.status}, {r.verdict or '-'}, geomean {_gh_geo(r.geomean)}"
+              "</summary>", ""]
+        if r.reason:
+            L += [f"{r.reason}", ""]
+        if r.cells:
+            L += _gh_cells(r.cells) + [""]
+        if r.slower:
+            L += ["SLOWER beyond the margin: " + ", ".join(f"`{c}`" for c in r.slower), ""]
+        if r.gate is not None:
+            c = r.gate.get("counts") or {}
+            L += [f"Gate: {'green' if r.gate.get('green') else 'RED'} ({c.get('passed', '?')} passed, "
+                  f"{c.get('failed', '?')} failed, {c.get('skipped', '?')} skipped)"
+                  + (", reused" if r.gate.get("reused_from") else "") + ".", ""]
+        rules = (r.guard or {}).get("rules") or []
+        got = findings.get(r.key)
+        if got is not None:
+            L += _gh_findings(got) + [""]
+        elif rules:
+            L += ["Guard blocked: " + ", ".join(f"`{x}`" for x in rules), ""]
+        L += [f"Commit `{(r.commit or '-')[:12]}`; {r.host or '?'}" + (f", GPU {r.gpu}" if r.gpu is not None else "")
+              + f"; {r.wall_s:.0f} s.", "", "</details>", ""]
+    L.append(f"_Margin ±{rec.margin:.1%}; `{rec.command or 'flaloop sweep'}`; rendered from `sweep.json` by "
+             "`flaloop report --sweep DIR --format github`._")
+    return "\n".join(L) + "\n"
+
+
 def _summary(doc: dict) -> str:
     s, env, claim = doc["summary"], doc["environment"], doc["claim"]
     geo = s["geomean"]

@@ -32,7 +32,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
+    import tomli as tomllib
 
 from flaloop import fsutil, git, procs
 from flaloop.errors import StorageError, UsageError

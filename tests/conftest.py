@@ -79,7 +79,9 @@ class Result:
 
 def flaloop(repo: Path, *args: str, env: dict | None = None, timeout: float = 600) -> Result:
     """Run the CLI as a real subprocess, and check that it left the user's git state alone."""
-    run_env = {**os.environ, "TRITON_INTERPRET": "1", **(env or {})}
+    # piped, as an agent or CI runs it: no terminal width leaks in from the shell (COLUMNS is the
+    # user's, set only by the tests about widths)
+    run_env = {**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": None, "LINES": None, **(env or {})}
     for k in [k for k, v in run_env.items() if v is None]:
         del run_env[k]
     target = Path(args[args.index("--repo") + 1]) if "--repo" in args else repo

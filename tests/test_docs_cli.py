@@ -76,3 +76,34 @@ def test_a_made_up_option_is_caught():
     text = _help("gate")
     assert re.search(r"(?<![\w-])--workers(?![\w-])", text)
     assert not re.search(r"(?<![\w-])--work(?![\w-])", text)
+
+
+def parse(args: list[str]):
+    """Parse a command line as `flaloop` would, down to its (sub)command, with its values checked
+    (types, choices, counts); nothing runs."""
+    from flaloop.cli.app import normalize_argv
+
+    root = get_command(app)
+    argv = normalize_argv(list(args), root)
+    cmd, ctx, i = root, root.make_context("flaloop", [], resilient_parsing=True), 0
+    while hasattr(cmd, "commands") and i < len(argv) and argv[i] in cmd.commands:
+        cmd, i = cmd.commands[argv[i]], i + 1
+        if hasattr(cmd, "commands"):
+            ctx = cmd.make_context(cmd.name, [], parent=ctx, resilient_parsing=True)
+    assert not hasattr(cmd, "commands"), f"{shlex.join(args)} names no command"
+    return cmd, cmd.make_context(cmd.name, argv[i:], parent=ctx)
+
+
+@pytest.mark.parametrize(("doc", "line", "args"), CASES, ids=[f"{d}:{n}" for d, n, _ in CASES])
+def test_every_documented_command_line_parses_with_its_values(doc, line, args):
+    try:
+        parse(args)
+    except Exception as exc:  # noqa: BLE001 - the message is the point
+        pytest.fail(f"{doc}:{line}: `flaloop {shlex.join(args)}` does not parse: {exc}")
+
+
+def test_the_parser_check_catches_a_bad_value_and_a_stray_word():
+    with pytest.raises(Exception, match="valid integer"):
+        parse(["bench", "op", "--min-pairs", "many"])
+    with pytest.raises(Exception, match="unexpected extra argument|Got unexpected"):
+        parse(["status", "op", "stray"])

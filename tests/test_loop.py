@@ -114,7 +114,7 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     assert record(repo, 2)["status"] == "revert"
 
     # phase 3: the bucket T<=64 measured against the base earns a row; a bucket without shapes does not
-    r = fl(repo, "dispatch", OP, "add", "--when", "T<=64", "--entry", "toy_attn", "--why", "short sequences",
+    r = fl(repo, "dispatch", "add", OP, "--when", "T<=64", "--entry", "toy_attn", "--why", "short sequences",
            "--json", *QUICK)
     assert r.code == 0, r.stderr
     row = r.json["row"]
@@ -124,6 +124,7 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     assert "| 1 | T<=64 | toy_attn | B2_T64_H2_D16 |" in (ws(repo) / "dispatch.md").read_text()
     r = fl(repo, "dispatch", OP, "add", "--when", "T>100000", "--entry", "toy_attn", "--why", "huge", *QUICK)
     assert r.code == 2 and "needs a measurement" in r.stderr
+    assert f"the order is `flaloop dispatch add {OP}`" in r.stderr  # the older order still works, and says so
     assert len(list((ws(repo) / "dispatch").glob("*.json"))) == 1
 
     r = fl(repo, "header", OP, "--iter", "1")

@@ -21,6 +21,7 @@ from flaloop.stats import SpeedupEstimate, Summary
 
 MODES = ("fwd", "fwdbwd")
 DTYPES = ("bfloat16", "float16", "float32")
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 DEVICES = ("auto", "cuda", "cpu")
 IMPORT_MODES = ("full", "lean")
 
@@ -46,7 +47,7 @@ class BenchConfig:
     modes: list[str] = opt(factory=lambda: list(MODES), help="fwd,fwdbwd (default: the contract's).",
                            from_contract=True, kind="csv", choices=MODES)
     varlen: bool = opt(False, "Add packed cu_seqlens cells (default: the contract's).", from_contract=True)
-    dtype: str = opt("bfloat16", "Input dtype.", choices=DTYPES)
+    dtype: str = opt("bfloat16", "Input dtype (bf16, fp16 and fp32 say the same).", choices=DTYPES)
     device: str = opt("auto", "Where the workers run.", choices=DEVICES)
     margin: float = opt(0.005, "SAME margin, percent.", unit="percent")
     half_width: float = opt(0.0025, "Stop at this CI half-width, percent.", unit="percent")
@@ -123,6 +124,7 @@ class BenchConfig:
 
     def check(self) -> BenchConfig:
         """UsageError naming the first option that cannot work; the config itself otherwise."""
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)  # the names the test ids use: fp16, bf16
         for f in fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)

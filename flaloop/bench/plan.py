@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from flaloop import contract as contract_mod
 from flaloop import git
 from flaloop.bench.model import BenchConfig, Cell, make_cells
 from flaloop.bench.record import TreeRef
@@ -91,6 +92,7 @@ def plan(target, contract, *, base: TreeRef, candidate: TreeRef, shapes: list[st
     if not cells:
         raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
     cfg.inputs = {**contract.input_overrides, **cfg.inputs}
+    contract_mod.check_overrides(spec, cfg.inputs)
     return MeasurePlan(op=contract.op, python=target.python, registry_rel=registry_rel,
                        registry_entry=spec.registry or {}, cells=cells, config=cfg, base=base,
                        candidate=candidate, static=None if cfg.aa else static,

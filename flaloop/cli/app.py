@@ -1,6 +1,7 @@
 """The typer app, the two consoles, the error-to-exit-code wrapper and the options every command shares.
 
-Exit codes: 0 verdict delivered / gate green, 1 gate red or guard blocked, 2 usage or setup error
+Exit codes: 0 verdict delivered / gate green, 1 gate red or guard blocked (or, with --fail-on
+slower, a SLOWER verdict: `fail_on_exit`), 2 usage or setup error
 (also: a file flaloop must write cannot be written, the workspace is busy with --no-wait),
 3 measurement failed, 4 internal error (a bug in flaloop), 130 interrupted. Every command takes
 --json for agents: then stdout carries exactly one JSON document and human output goes to stderr.
@@ -24,6 +25,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Annotated, Any, get_type_hints
 
 import typer
@@ -35,19 +37,40 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from flaloop import fsutil, git, locks
 from flaloop.errors import FlaloopError
 
+try:  # typer vendors click from 0.2x on; before, it used click itself
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - older typer
+    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # noqa: F401
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  pretty_exceptions_show_locals=False,
+                  pretty_exceptions_show_locals=False, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Make GPU kernels faster without breaking or gaming correctness.")
-# Not a terminal (CI, agents, pipes): rich would assume 80 columns and truncate paths.
+
+
+def _width(stream) -> int | None:
+    """A terminal, or COLUMNS when set: rich's own detection. Otherwise (CI, agents, pipes, files)
+    200 columns for text, where rich would assume 80 and cut paths; tables print at their full
+    width there (render.print_table)."""
+    return None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200
+
+
 # markup is off by default: test ids, diffs and messages are full of [brackets]. Literal styled
 # strings opt in with markup=True and escape() whatever they interpolate.
-out = Console(highlight=False, soft_wrap=True, markup=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False,
-              width=None if sys.stderr.isatty() else 200)
+out = Console(highlight=False, soft_wrap=True, markup=False, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, width=_width(sys.stderr))
 
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="Target checkout (default: the git root of the cwd).")]
 PyOpt = Annotated[str | None, typer.Option("--python", help="Target's interpreter (default: this one).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for agents.")]
+
+
+class FailOn(str, Enum):
+    slower = "slower"
+
+
+FailOnOpt = Annotated[FailOn | None, typer.Option(
+    "--fail-on", help="slower: exit 1 when any cell (or the geomean) is SLOWER beyond the margin, for CI.")]
+FAIL_ON_EXIT = 1  # a verdict that refuses, like a red gate (README's exit-code table)
 
 INTERNAL_ERROR = 4
 # errnos of an OSError that is the machine's answer (disk full, read-only, no permission), not a bug
@@ -64,12 +87,103 @@ class Settings:
 settings = Settings()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"flaloop {version('flaloop')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("flaloop (not installed: run from a source checkout)")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _global_options(
     debug: Annotated[bool, typer.Option(
-        "--debug", help="Print the traceback of any error (also FLALOOP_DEBUG=1).")] = False,
+        "--debug", help="Print the traceback of any error (also FLALOOP_DEBUG=1); anywhere on the line.")] = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="Print flaloop's version and exit.")] = False,
 ) -> None:
     settings.debug = settings.debug or debug
+
+
+# -- the command line before click reads it ---------------------------------------------------------
+
+# A str option whose value is a comma list declares this metavar; options with multiple=True are
+# lists too. Both take `--opt A B`, `--opt A,B` and `--opt A --opt B` alike (normalize_argv).
+LIST = "A,B"
+
+
+def _resolve(group, argv: list[str]):
+    """The (sub)command the line names: group names are followed while the next word is one."""
+    cmd = group
+    for word in argv:
+        if word.startswith("-"):
+            continue
+        sub = getattr(cmd, "commands", {}).get(word)
+        if sub is None:
+            break
+        cmd = sub
+    return cmd
+
+
+def _value_word(word: str) -> bool:
+    """A word that can be one more value of a list option: not an option, no whitespace (a
+    direction or a message, which are positional, always has some)."""
+    return bool(word) and not word.startswith("-") and not any(c.isspace() for c in word)
+
+
+def _split(value: str) -> list[str]:
+    return [value] if "=" in value else [v for v in value.split(",") if v]  # `--input k=v` keeps its commas
+
+
+def normalize_argv(argv: list[str], root) -> list[str]:
+    """One spelling for every list option, whatever the user typed: repeated `--opt v` for
+    multiple=True options, one `--opt A,B` for comma-list options (see LIST)."""
+    cmd = _resolve(root, argv)
+    opts = {name: p for p in getattr(cmd, "params", []) if getattr(p, "param_type_name", "") == "option"
+            for name in p.opts}
+    lists = {n: p for n, p in opts.items() if p.multiple or p.metavar == LIST}
+    out_args: list[str] = []
+    joined: dict[str, int] = {}  # comma-list option -> its index in out_args
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            out_args += argv[i:]
+            break
+        name, eq, inline = word.partition("=")
+        p = lists.get(name) if word.startswith("--") else lists.get(word)
+        if p is None:
+            out_args.append(word)
+            i += 1
+            continue
+        values: list[str] = []
+        if eq:
+            values.append(inline)
+            i += 1
+        elif i + 1 < len(argv):
+            values.append(argv[i + 1])
+            i += 2
+        else:
+            out_args.append(word)  # click says the value is missing
+            i += 1
+            continue
+        while i < len(argv) and _value_word(argv[i]):
+            values.append(argv[i])
+            i += 1
+        items = [v for raw in values for v in _split(raw)]
+        flag = p.opts[0]
+        if p.multiple:
+            for v in items:
+                out_args += [flag, v]
+        elif flag in joined:
+            out_args[joined[flag]] += "," + ",".join(items)
+        else:
+            out_args += [flag, ",".join(items)]
+            joined[flag] = len(out_args) - 1
+    return out_args
 
 
 def emit_json(doc: dict) -> None:
@@ -130,6 +244,16 @@ def _internal_error(exc: Exception, as_json: bool):
                    "exit_code": INTERNAL_ERROR})
     err.print(f"{message} (rerun with --debug for the traceback; please report it)")
     raise typer.Exit(INTERNAL_ERROR) from None
+
+
+def fail_on_exit(code: int, fail_on: FailOn | None, slower: list[str], console: Console | None = None) -> int:
+    """The exit code with `--fail-on slower`: a command that would exit 0 exits FAIL_ON_EXIT when
+    anything is SLOWER (`slower` names it); any other code (blocked, bad input, failed) stands."""
+    if fail_on is None or not slower or code != 0:
+        return code
+    if console is not None:
+        console.print(f"--fail-on slower: SLOWER on {', '.join(slower)}: exit {FAIL_ON_EXIT}")
+    return FAIL_ON_EXIT
 
 
 def command_line() -> str:
@@ -212,6 +336,7 @@ def config_options(name: str, config: type, extra: list[tuple[str, Any, Any]] | 
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         flags = tuple(meta.get("flags") or ()) or ("--" + f.name.replace("_", "-"),)
         help_ = meta.get("help", "")
+        extra_kw: dict = {}
         if meta.get("choices") and meta.get("kind") != "csv":
             help_ += f" One of: {', '.join(meta['choices'])}."
         if isinstance(default, bool):
@@ -219,6 +344,7 @@ def config_options(name: str, config: type, extra: list[tuple[str, Any, Any]] | 
             typ, value = bool, default
         elif meta.get("kind") == "csv":
             typ, value, spelled = str | None, None, flags
+            extra_kw = {"metavar": LIST}
         elif meta.get("kind") == "assign":
             typ, value, spelled = list[str] | None, None, flags
         elif meta.get("unit") == "percent":
@@ -227,7 +353,8 @@ def config_options(name: str, config: type, extra: list[tuple[str, Any, Any]] | 
             typ, value, spelled = type(default), default, flags
         if meta.get("from_contract") and not isinstance(default, bool):
             value = None
-        specs.append((f.name, Annotated[typ, typer.Option(*spelled, help=help_, show_default=value is not None)],
+        specs.append((f.name, Annotated[typ, typer.Option(*spelled, help=help_, show_default=value is not None,
+                                                          **extra_kw)],
                       dataclasses.field(default=value)))
     for fname, annotation, default in extra or []:
         specs.append((fname, annotation, dataclasses.field(default=default)))

@@ -363,12 +363,15 @@ def _entry_defined(target: Target, c: Contract, name: str) -> bool:
     return any(pattern.search(p.read_text(errors="replace")) for p in pkg_dir.rglob("*.py"))
 
 
+DISPATCH_ACTIONS = ("add", "list")
+
+
 @app.command("dispatch")
 @command
 @with_options(BenchOptions, LockOptions)
 def dispatch_cmd(
-    op: str,
-    action: Annotated[str, typer.Argument(help="add (bench the bucket, write the row) or list.")],
+    action: Annotated[str, typer.Argument(metavar="ACTION", help="add (bench the bucket, write the row) or list.")],
+    op: Annotated[str, typer.Argument(metavar="OP", help="The op (`dispatch add OP`, as `trap add OP`).")],
     when: Annotated[str | None, typer.Option("--when", help='Bucket condition over B, T, H, D: "T<=512".')] = None,
     entry: Annotated[str | None, typer.Option("--entry", help="The specialized entry point's name.")] = None,
     why: Annotated[str | None, typer.Option("--why", help="Why this bucket gets its own path.")] = None,
@@ -376,7 +379,13 @@ def dispatch_cmd(
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Phase 3: a shape bucket routed to a specialized entry point, with its measured row in dispatch.md."""
+    """Phase 3: a shape bucket routed to a specialized entry point, with its measured row in dispatch.md
+    (`flaloop dispatch add OP --when ...`, `flaloop dispatch list OP`)."""
+    if action not in DISPATCH_ACTIONS and op in DISPATCH_ACTIONS:  # the older order, `dispatch OP add`
+        action, op = op, action
+        human(True).print(f"note: the order is `flaloop dispatch {action} {op}` (the action first, as `trap add OP`)")
+    if action not in DISPATCH_ACTIONS:
+        raise UsageError(f"unknown dispatch action {action!r}", "`flaloop dispatch add OP` or `flaloop dispatch list OP`")
     target, c, ws = _setup(op, repo, python)
     if action == "list":
         rows = ws.dispatch_rows()
@@ -386,8 +395,6 @@ def dispatch_cmd(
             for r in rows:
                 out.print(records.render_row(records.dispatch_row(r)))
         return
-    if action != "add":
-        raise UsageError(f"unknown dispatch action {action!r}", "use `add` or `list`")
     _require(when=when, entry=entry, why=why)
     _no_base(bench_options, "dispatch")
     if bench_options.shape_list():

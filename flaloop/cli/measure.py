@@ -23,6 +23,8 @@ from flaloop.bench.record import RunRecord
 from flaloop.bench.session import Cancelled
 from flaloop.cli import fla_compat
 from flaloop.cli.app import (
+    LIST,
+    FailOnOpt,
     JsonOpt,
     LockOptions,
     PyOpt,
@@ -32,6 +34,7 @@ from flaloop.cli.app import (
     command_line,
     config_options,
     emit_json,
+    fail_on_exit,
     human,
     out,
     progress_bar,
@@ -39,6 +42,7 @@ from flaloop.cli.app import (
 )
 from flaloop.cli.fla_compat import FlaVerifyFlags
 from flaloop.cli.render import print_bench, print_findings, print_gate
+from flaloop.compare import slower_in
 from flaloop.errors import UsageError
 from flaloop.target import Target
 
@@ -48,7 +52,7 @@ from flaloop.target import Target
 class GateOptions:
     workers: Annotated[int, typer.Option("--workers", help="Run the gate over N pytest-xdist workers.")] = 0
     gpus: Annotated[str | None, typer.Option(
-        "--gpus", help="GPUs to use, e.g. 0,1: the gate's xdist worker i runs on GPU i mod n; with several, "
+        "--gpus", metavar=LIST, help="GPUs to use, e.g. 0,1: the gate's xdist worker i runs on GPU i mod n; with several, "
                        "verify benches on the last one while the gate runs on the others.")] = None
     regate: Annotated[bool, typer.Option(
         "--regate", help="Run the gate even when a green gate of the same tree state, contract, frozen "
@@ -219,6 +223,7 @@ def bench_exit(record: RunRecord) -> int:
 def bench_cmd(
     op: str,
     aa: Annotated[bool, typer.Option("--aa", help="Base against itself: the self-check.")] = False,
+    fail_on: FailOnOpt = None,
     bench_options: BenchOptions = None,  # type: ignore[assignment]
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
@@ -233,7 +238,7 @@ def bench_cmd(
         emit_json({"ok": True, **record.to_dict()})
     else:
         print_bench(record, out)
-    raise typer.Exit(bench_exit(record))
+    raise typer.Exit(fail_on_exit(bench_exit(record), fail_on, slower_in(record), human(as_json)))
 
 
 def _verify_side_by_side(target, c, k_expr, gate_options, bench_options, cfg, console, workers, gate_gpus,
@@ -282,6 +287,7 @@ def verify_cmd(
     sanitize: Annotated[bool, typer.Option(
         "--sanitize", help="After the bench, run every contract cell under compute-sanitizer on the base and on "
                            "the measured candidate; an error only the candidate has blocks.")] = False,
+    fail_on: FailOnOpt = None,
     gate_options: GateOptions = None,  # type: ignore[assignment]
     bench_options: BenchOptions = None,  # type: ignore[assignment]
     fla_verify_flags: FlaVerifyFlags = None,  # type: ignore[assignment]
@@ -347,7 +353,7 @@ def verify_cmd(
             print_bench(record, out)
             if profile_doc:
                 out.print(f"profile: {profile_doc.get('path') or ''}")
-        raise typer.Exit(bench_exit(record))
+        raise typer.Exit(fail_on_exit(bench_exit(record), fail_on, slower_in(record), console))
 
 
 # -- sanitize -----------------------------------------------------------------------------------

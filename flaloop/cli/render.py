@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from flaloop import gate as gate_mod
 from flaloop.bench.record import RunRecord
 from flaloop.guard.findings import Finding
+
+
+def print_table(console: Console, table: Table, drop: Sequence[str] = ()) -> list[str]:
+    """A table that fits where it is printed. In a terminal (or under COLUMNS) it gets the width there
+    is: the columns named in `drop` go, least needed first, until the rest fit whole, and a line says
+    which went (--json has them all); the names of those that went are returned. Elsewhere (files,
+    pipes, CI logs) it prints at its full width."""
+    unbounded = console.options.update_width(10**6)  # a measurement the console's width does not clamp
+    for col in table.columns:  # rich measures a column by its longest word; a no_wrap one needs its longest cell
+        if col.no_wrap:
+            col.min_width = max(col.min_width or 0, *(Measurement.get(console, unbounded, x).maximum
+                                                      for x in (col.header, *col.cells)))
+    if not (console.is_terminal or os.environ.get("COLUMNS", "").isdigit()):
+        wide, console.width = console.width, 10**4  # print(width=) may only narrow: widen the console itself
+        try:
+            console.print(table, crop=False)  # as wide as its content: all of it, uncut
+        finally:
+            console.width = wide
+        return []
+    hidden = []
+    for name in drop:
+        if Measurement.get(console, unbounded, table).minimum <= console.width:
+            break
+        at = next((i for i, c in enumerate(table.columns) if c.header == name), None)
+        if at is not None:
+            table.columns.pop(at)
+            hidden.append(name)
+    console.print(table)
+    if hidden:
+        console.print(f"({', '.join(hidden)} hidden to fit {console.width} columns; a wider terminal or --json has them)")
+    return hidden
 
 
 def print_gate(r: gate_mod.GateResult, console: Console) -> None:
@@ -58,6 +93,10 @@ def tree_label(t) -> str:
     return f"{t.ref} ({t.commit[:12]})" if t.ref and not t.commit.startswith(t.ref) else t.commit[:12]
 
 
+# what a narrow terminal loses first: the eager latencies, then the timer, the roofline share, the pairs
+BENCH_DROP = ("eager base", "eager cand", "timer", "% floor", "pairs", "note")
+
+
 def print_bench(record: RunRecord, console: Console) -> None:
     env = record.env or {}
     parts = [env.get("device_name") or env.get("device") or "?"]
@@ -79,7 +118,9 @@ def print_bench(record: RunRecord, console: Console) -> None:
     table = Table(title=f"{record.op}: candidate vs base (device time per call, ms)")
     for col in ("shape", "mode", "timer", "base", "cand", "speedup", "95% CI", "verdict", "pairs", "eager base",
                 "eager cand", "% floor", "note"):
-        table.add_column(col)
+        # a number is shown whole or not at all; the note folds, but keeps room to be read
+        table.add_column(col, no_wrap=col != "note", overflow="fold", min_width=14 if col == "note" else None)
+    notes: list[tuple[str, str]] = []
     for cell in record.cells:
         c, est, summ = cell.cell, cell.estimate, cell.summary
         note = cell.reason
@@ -98,7 +139,11 @@ def print_bench(record: RunRecord, console: Console) -> None:
             f"[{est.ci_low:.4f}, {est.ci_high:.4f}]" if est else "-",
             cell.verdict or "-", f"{len(cell.pairs) - cell.dropped_pairs}/{len(cell.pairs)}",
             _fmt_ms(summ.eager.get("base")), _fmt_ms(summ.eager.get("cand")), _fmt_floor(cell.roofline), note)
-    console.print(table)
+        if note:
+            notes.append((cell.id, note))
+    if "note" in print_table(console, table, drop=BENCH_DROP):  # then each cell's note on a line of its own
+        for cell, note in notes:
+            console.print(f"  {cell}: {note}")
     s = record.summary
     g = s.geomean
     if g:
@@ -157,4 +202,4 @@ def print_findings(findings: list, console: Console, title: str = "guard finding
         explained.add(f.rule)
         table.add_row(f.rule, sev, f.where or "-", f.message, "(as above)" if seen else f.why,
                       "(as above)" if seen else f.fix)
-    console.print(table)
+    console.print(table)  # prose: folded to the width there is, never one line per finding

@@ -11,7 +11,8 @@ import typer
 
 from flaloop import contract as contract_mod
 from flaloop import fsutil
-from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, command_line, emit_json, human, out
+from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, command_line, emit_json, err, human, out
+from flaloop.errors import FlaloopError
 from flaloop.target import Target
 
 
@@ -121,21 +122,35 @@ def print_explanation(doc: dict) -> None:
 @app.command("report")
 @command
 def report_cmd(
-    op: str,
+    op: Annotated[str | None, typer.Argument(help="The op (not with --sweep).")] = None,
     out_dir: Annotated[str | None, typer.Option("--out", help="Where REPORT.md, report.json and the PNGs go "
                                                               "(default: profile/<op>-opt/report/).")] = None,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="markdown (REPORT.md, the pull request's body) or github (a "
+                                                       "pull-request comment: comment.md, collapsible per op, with "
+                                                       "the <!-- flaloop-report --> marker).")] = "markdown",
+    sweep: Annotated[Path | None, typer.Option("--sweep", help="Render a sweep (its directory or sweep.json) "
+                                                               "instead of an op's claim.")] = None,
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """The final claim from stored records (nothing is re-measured): markdown for the PR, JSON and PNG plots.
 
     Exits 1, naming the reason, rather than claim a win on a -k gate, a red or missing gate, a
     blocking guard finding, blocked cells, or records of another commit than the claim's.
+    With --sweep: the sweep's table and each op's cells (exit 0: a sweep's own exit code judges it).
     """
     from flaloop import report as report_mod
     from flaloop import roofline
-    from flaloop.report_render import render
+    from flaloop.errors import UsageError
+    from flaloop.report_render import render, render_github
 
+    if fmt not in ("markdown", "github"):
+        raise UsageError(f"--format {fmt!r} is not markdown or github")
+    if (op is None) == (sweep is None):
+        raise UsageError("name an op or --sweep DIR (one of them)",
+                         "e.g. `flaloop report OP` or `flaloop report --sweep profile/sweeps/<stamp> --format github`")
+    if sweep is not None:
+        return _report_sweep(sweep, fmt, out_dir, as_json)
     target = Target.discover(repo, python)
     try:
         family = roofline.family_for(target.op(op).registry, op)
@@ -144,6 +159,16 @@ def report_cmd(
     doc = report_mod.build(target, op, family=family)
     dest = Path(out_dir).resolve() if out_dir else target.workspace(op) / "report"
     dest.mkdir(parents=True, exist_ok=True)
+    if fmt == "github":
+        md = render_github(doc)
+        fsutil.atomic_write_text(dest / "comment.md", md)
+        doc["files"] = {"github": str(dest / "comment.md")}
+        if as_json:
+            emit_json({**doc, "exit_code": 0 if doc["claim_ok"] else 1})
+        else:
+            out.print(md)
+        err.print(f"comment: {dest / 'comment.md'}")  # stdout is the comment alone: `... > comment.md`
+        raise typer.Exit(0 if doc["claim_ok"] else 1)
     plots = {}
     if not no_plots:
         from flaloop.report_plots import write_plots
@@ -164,3 +189,39 @@ def report_cmd(
             console.print(f"  {r['reason']}: {r['message']}\n    hint: {r['hint']}")
     console.print(f"report: {dest / 'REPORT.md'}")
     raise typer.Exit(0 if doc["claim_ok"] else 1)
+
+
+def _sweep_findings(rec) -> dict[str, list[dict]]:
+    """Each measured row's guard findings, from its run record (the sweep row keeps only the rules)."""
+    from flaloop.bench import record as record_mod
+
+    out: dict[str, list[dict]] = {}
+    here = Path(rec.path).parent
+    for r in rec.rows:
+        if r.record:
+            try:
+                out[r.key] = [f.to_dict() for f in record_mod.read(here / r.record).guard.findings]
+            except FlaloopError:
+                continue  # the row's own word (its guard rules) stands
+    return out
+
+
+def _report_sweep(where: Path, fmt: str, out_dir: str | None, as_json: bool) -> None:
+    from flaloop.report_render import render_github_sweep
+    from flaloop.sweep import record as sweep_record
+
+    rec = sweep_record.read(where.resolve())
+    dest = Path(out_dir).resolve() if out_dir else Path(rec.path).parent
+    dest.mkdir(parents=True, exist_ok=True)
+    if fmt == "github":
+        md, path = render_github_sweep(rec, _sweep_findings(rec)), dest / "comment.md"
+    else:
+        md, path = sweep_record.render_markdown(rec), dest / "sweep.md"
+    fsutil.atomic_write_text(path, md)
+    if as_json:
+        emit_json({"ok": True, "kind": "report", "sweep": rec.path, "format": fmt, "markdown": md, "path": str(path),
+                   "exit_code": 0})
+    else:
+        out.print(md)
+    err.print(f"{'comment' if fmt == 'github' else 'sweep report'}: {path}")
+    raise typer.Exit(0)

@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from flaloop import contract as contract_mod
-from flaloop.cli.app import JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, human, out, with_options
+from flaloop.cli.app import LIST, JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, human, out, with_options
+from flaloop.cli.render import print_table
 from flaloop.target import Target
 
 
@@ -26,12 +27,12 @@ def list_cmd(repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = Fals
         return
     table = Table(title=f"ops in {target.root}")
     for col in ("op", "import path", "gate test file", "from"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a path is wrapped, never cut
     for s in ops:
         exists = (target.root / s.test_file).is_file()
         test = s.test_file if exists else f"{s.test_file} (missing)"
         table.add_row(s.name, f"{s.import_path}.{s.func_name}", test, s.source)
-    out.print(table)
+    print_table(out, table)
 
 
 # -- init ---------------------------------------------------------------------------------------
@@ -44,8 +45,8 @@ def init_cmd(
     target_speedup: Annotated[str, typer.Option("--target", help="Speedup goal, e.g. 1.2x.")] = "1.0x",
     shapes: Annotated[list[str] | None, typer.Option("--shapes", help="Registry shape names (repeatable).")] = None,
     base: Annotated[str, typer.Option("--base", help="Base git ref.")] = "HEAD",
-    langs: Annotated[str, typer.Option("--langs", help="Allowed languages, comma separated.")] = "triton",
-    modes: Annotated[str, typer.Option("--modes", help="Bench modes, comma separated.")] = "fwd,fwdbwd",
+    langs: Annotated[str, typer.Option("--langs", metavar=LIST, help="Allowed languages, comma separated.")] = "triton",
+    modes: Annotated[str, typer.Option("--modes", metavar=LIST, help="Bench modes, comma separated.")] = "fwd,fwdbwd",
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override an input transform: k=l2norm.")] = None,
     varlen: Annotated[bool, typer.Option("--varlen", help="Bench a packed cu_seqlens variant of each shape too.")] = False,
     max_iters: Annotated[int, typer.Option("--max-iters", help="Iteration cap of the loop.")] = 20,

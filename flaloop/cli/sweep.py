@@ -4,7 +4,8 @@ Exit codes: 0 every candidate judged (measured, or blocked by the gate or the gu
 check) an op is SLOWER beyond the margin on a cell, or blocked; 2 usage: a candidate that is bad
 input (unknown ref, patch that does not apply, a duplicate tree, the base itself; the others still
 run), more candidates than --max-candidates, ray not installed, an unreachable Ray address;
-3 a candidate could not be measured (it does not import, a worker crashed).
+3 a candidate could not be measured (it does not import, a worker crashed). With --fail-on slower, a
+candidate SLOWER on a cell or its geomean turns 0 into 1 (an ops check already exits 1 there).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from flaloop.bench.plan import base_ref, tree_ref, working_tree
 from flaloop.bench.record import now_stamp
 from flaloop.bench.run import triton_cache
 from flaloop.cli.app import (
+    LIST,
+    FailOnOpt,
     JsonOpt,
     LockOptions,
     PyOpt,
@@ -35,12 +38,15 @@ from flaloop.cli.app import (
     command,
     command_line,
     emit_json,
+    fail_on_exit,
     human,
     out,
     progress_bar,
     with_options,
 )
 from flaloop.cli.measure import BenchOptions, parse_gpus
+from flaloop.cli.render import print_table
+from flaloop.compare import slower_in_sweep
 from flaloop.contract import Contract, create
 from flaloop.errors import UsageError
 from flaloop.fsutil import unique_dir
@@ -64,7 +70,7 @@ def print_sweep(rec: SweepRecord, console: Console) -> None:
         table.add_column(h, overflow="fold")
     for row in sweep_record.table_rows(rec):
         table.add_row(*row)
-    console.print(table)
+    print_table(console, table)
     console.print(f"executor: {rec.executor.get('kind')} ({rec.executor.get('slots')} at a time), {rec.wall_s:.0f} s; "
                   f"margin ±{rec.margin:.1%}")
     if rec.path:
@@ -184,13 +190,13 @@ def sweep_cmd(
     patches: Annotated[Path | None, typer.Option(
         "--patches", help="A directory of .diff/.patch files, each applied to the base as one candidate.")] = None,
     ops: Annotated[str | None, typer.Option(
-        "--ops", help="The pull-request check: changed (every op whose code the diff against --base touches), "
+        "--ops", metavar=LIST, help="The pull-request check: changed (every op whose code the diff against --base touches), "
                       "all, or a comma list; the head against the base, per op.")] = None,
     executor: Annotated[str, typer.Option("--executor", help="local (this host's GPUs, or its CPU) or ray.")] = "local",
     address: Annotated[str | None, typer.Option(
         "--address", help="The Ray cluster (ray://host:10001, or host:6379); none: a local Ray instance for the run.")]
     = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", help="GPUs the local executor uses, e.g. 0,1 (default: all).")]
+    gpus: Annotated[str | None, typer.Option("--gpus", metavar=LIST, help="GPUs the local executor uses, e.g. 0,1 (default: all).")]
     = None,
     max_candidates: Annotated[int, typer.Option(
         "--max-candidates", help="Refuse a sweep of more candidates than this.")] = cand_mod.MAX_CANDIDATES,
@@ -199,6 +205,7 @@ def sweep_cmd(
     = 2,
     regate: Annotated[bool, typer.Option(
         "--regate", help="Run each gate even where a green gate of the same tree state is recorded.")] = False,
+    fail_on: FailOnOpt = None,
     bench_options: BenchOptions = None,  # type: ignore[assignment]
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
@@ -274,7 +281,7 @@ def sweep_cmd(
                                 regate=regate, gate_workers=_gate_workers(ex),
                                 command=command_line(), on_event=_events(bar, rows),
                                 say=lambda m: console.print(escape(m)))
-    code = sweep_run.exit_code(rec)
+    code = fail_on_exit(sweep_run.exit_code(rec), fail_on, slower_in_sweep(rec.rows), console)
     if as_json:
         emit_json({"ok": True, **rec.to_json(), "exit_code": code})
     else:

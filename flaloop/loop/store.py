@@ -4,7 +4,7 @@ Layout under `profile/<op>-opt/` (paths inside records are relative to that dire
 
     iters/0000.json        the baseline (iteration 0); iters/NNNN.json one per `flaloop iter`
     decisions/NNN-KIND.json  re-assessments (`flaloop reassess`) and verdicts (`flaloop stop`)
-    dispatch/NNN.json      one measured row of dispatch.md (`flaloop dispatch OP add`)
+    dispatch/NNN.json      one measured row of dispatch.md (`flaloop dispatch add OP`)
     OPT_LOG.md, dispatch.md  rendered from the records above (see records.py)
     TRAPS.md               the trap catalogue, seeded by `flaloop baseline`
     .rendered/             what flaloop last wrote into the rendered files (to spot hand edits)

@@ -1,0 +1,172 @@
+"""The command line's habits: --version, -h, --debug anywhere, the JSON envelope on usage errors,
+one spelling for list options, dtype aliases, --input checked before any worker, one word order
+for sub-actions, tables that fit, Python 3.10, and the demo's example inside the wheel."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import OP, flaloop
+from rich.console import Console
+from rich.table import Table
+from typer.main import get_command
+
+from flaloop.bench.model import BenchConfig
+from flaloop.cli import app
+from flaloop.cli.app import normalize_argv
+from flaloop.cli.render import print_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flaloop", *args], cwd=cwd or ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_version_and_short_help_everywhere():
+    v = run("--version")
+    assert v.returncode == 0 and v.stdout.startswith("flaloop ")
+    for args in (["-h"], ["bench", "-h"], ["trap", "add", "-h"]):
+        r = run(*args)
+        assert r.returncode == 0 and "Usage: flaloop" in r.stdout, args
+
+
+def test_debug_is_taken_anywhere_on_the_line(tmp_path):
+    for args in (["--debug", "list"], ["list", "--debug"], ["list", "--json", "--debug"]):
+        r = run(*args, "--repo", str(tmp_path))
+        assert r.returncode == 2 and "Traceback" in r.stderr, args  # not a git repo: a usage error, traced
+
+
+def test_a_mistyped_option_still_gets_its_json_envelope():
+    r = run("init", OP, "--shape", "X", "--json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    assert doc == {"ok": False, "error": doc["error"], "hint": "`flaloop init --help` lists the options", "exit_code": 2}
+    assert "--shape" in doc["error"] and "--shapes" in doc["error"]
+    plain = run("init", OP, "--shape", "X")
+    assert plain.returncode == 2 and plain.stdout == "" and "No such option" in plain.stderr
+
+
+@pytest.mark.parametrize("spelled", [
+    ["--shapes", "A", "B", "--modes", "fwd", "fwdbwd"],
+    ["--shapes", "A,B", "--modes", "fwd,fwdbwd"],
+    ["--shapes", "A", "--shapes", "B", "--modes", "fwd", "--modes", "fwdbwd"],
+    ["--shapes=A", "B", "--modes=fwd,fwdbwd"],
+])
+def test_every_list_option_takes_every_spelling(spelled):
+    root = get_command(app)
+    got = normalize_argv(["bench", OP, *spelled, "--json"], root)
+    assert got == ["bench", OP, "--shapes", "A", "--shapes", "B", "--modes", "fwd,fwdbwd", "--json"]
+
+
+def test_list_values_stop_at_a_word_with_spaces_and_keep_assignments_whole():
+    root = get_command(app)
+    got = normalize_argv(["iter", OP, "--shapes", "A", "B", "the direction, with spaces"], root)
+    assert got == ["iter", OP, "--shapes", "A", "--shapes", "B", "the direction, with spaces"]
+    got = normalize_argv(["bench", OP, "--input", "k=l2norm", "q=l2norm", "--", "--shapes", "x"], root)
+    assert got == ["bench", OP, "--input", "k=l2norm", "--input", "q=l2norm", "--", "--shapes", "x"]
+    got = normalize_argv(["sanitize", OP, "--tool", "memcheck", "racecheck,initcheck"], root)
+    assert got == ["sanitize", OP, "--tool", "memcheck", "--tool", "racecheck", "--tool", "initcheck"]
+
+
+def test_the_dtype_names_the_test_ids_use():
+    for alias, name in (("fp16", "float16"), ("bf16", "bfloat16"), ("fp32", "float32"), ("float16", "float16")):
+        assert BenchConfig(dtype=alias).check().dtype == name
+    with pytest.raises(Exception, match="--dtype int8: not one of"):
+        BenchConfig(dtype="int8").check()
+
+
+def test_a_list_option_and_a_typo_in_input_before_any_worker(repo):
+    r = flaloop(repo, "init", OP, "--shapes", "B1_T64_H2_D32", "B2_T100_H2_D16", "--modes", "fwd", "fwdbwd",
+                "--force", "--json")
+    assert r.code == 0, r.stderr
+    c = json.loads((repo / "profile" / f"{OP}-opt" / "contract.json").read_text())
+    assert c["shapes"] == ["B1_T64_H2_D32", "B2_T100_H2_D16"] and c["modes"] == ["fwd", "fwdbwd"]
+    runs = repo / "profile" / f"{OP}-opt" / "runs"
+    before = sorted(runs.iterdir()) if runs.exists() else []
+    r = flaloop(repo, "bench", OP, "--input", "z=l2norm", "--device", "cpu", "--json")
+    assert r.code == 2 and "not inputs of" in r.json["error"] and "its inputs:" in r.json["hint"]
+    r = flaloop(repo, "bench", OP, "--input", "k=l2nrom", "--device", "cpu", "--json")
+    assert r.code == 2 and "unknown transform" in r.json["error"] and "l2norm" in r.json["hint"]
+    assert (sorted(runs.iterdir()) if runs.exists() else []) == before  # nothing started, nothing recorded
+
+
+def _bench_like_table() -> Table:
+    t = Table(title="t")
+    for col in ("shape", "mode", "timer", "base", "cand", "speedup", "95% CI", "verdict", "pairs", "eager base",
+                "eager cand", "% floor", "note"):
+        t.add_column(col, no_wrap=col != "note", overflow="fold", min_width=14 if col == "note" else None)
+    for i in range(3):
+        t.add_row(f"B8_T2048_H32_D256_{i}", "fwdbwd", "cuda_graph", "12.3456", "11.2345", "1.0989x",
+                  "[1.0912, 1.1067]", "FASTER", "40/40", "12.9012", "11.8012", "71%", "launch-bound (host > device)")
+    return t
+
+
+def test_a_table_fits_a_100_column_terminal_by_dropping_what_matters_least(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "100")
+    console = Console(highlight=False, soft_wrap=True, markup=False, file=sys.stdout)
+    hidden = print_table(console, _bench_like_table(), drop=("eager base", "eager cand", "timer", "% floor", "pairs",
+                                                             "note"))
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if "│" in line or "━" in line]
+    assert max(len(line) for line in rows) <= 100
+    assert "B8_T2048_H32_D256_0" in text and "[1.0912, 1.1067]" in text and "1.0989x" in text  # whole, never cut
+    assert "hidden to fit 100 columns" in text and hidden == ["eager base", "eager cand", "timer", "% floor", "pairs",
+                                                              "note"]
+
+
+def test_a_table_in_a_file_keeps_its_full_width(monkeypatch, tmp_path):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    path = tmp_path / "out.txt"
+    with path.open("w") as f:
+        print_table(Console(file=f, width=100, highlight=False, markup=False), _bench_like_table(), drop=("timer",))
+    text = path.read_text()
+    assert "hidden" not in text and "eager cand" in text and "launch-bound (host > device)" in text
+    assert max(len(line) for line in text.splitlines()) > 100
+
+
+def _python310() -> str | None:
+    """A Python 3.10 that runs (pyenv's shim may name one that is not selected)."""
+    found = [shutil.which("python3.10"), *sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.10*/bin/python3.10"))]
+    for exe in filter(None, found):
+        if subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 10)"],
+                          capture_output=True).returncode == 0:
+            return exe
+    return None
+
+
+PY310 = _python310()
+
+
+@pytest.mark.skipif(PY310 is None, reason="no Python 3.10 here")
+def test_the_package_compiles_under_python_3_10():
+    """The syntax of every module under 3.10 (pyproject says >=3.10; tomllib falls back to tomli). The
+    whole CLI and a bench on 3.10 were tried by hand (docs/BENCHMARKS.md): its dependencies are not here."""
+    r = subprocess.run([PY310, "-m", "compileall", "-q", str(ROOT / "flaloop")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_wheel_carries_the_example_and_the_skill(tmp_path):
+    """`flaloop demo` and `flaloop skill install` after a plain pip install: both files ship inside."""
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+                        "-w", str(tmp_path), "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    wheel = next(tmp_path.glob("flaloop-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "flaloop/SKILL.md" in names
+    assert "flaloop/_example/minifla/benchmarks/ops/registry.py" in names
+    assert "flaloop/_example/minifla/minifla/ops/linear_attn/chunk.py" in names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = subprocess.run([sys.executable, "-c", "import flaloop.demo as d; print(d.EXAMPLE)"], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    assert Path(probe.stdout.strip()) == site / "flaloop" / "_example" / "minifla"
