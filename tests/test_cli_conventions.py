@@ -97,6 +97,13 @@ def test_a_list_option_and_a_typo_in_input_before_any_worker(repo):
     r = flaloop(repo, "bench", OP, "--input", "k=l2nrom", "--device", "cpu", "--json")
     assert r.code == 2 and "unknown transform" in r.json["error"] and "l2norm" in r.json["hint"]
     assert (sorted(runs.iterdir()) if runs.exists() else []) == before  # nothing started, nothing recorded
+    # piped (CI, an agent): no progress bar, but plain progress lines on stderr, with the time so far
+    r = flaloop(repo, "bench", OP, "--shapes", "B1_T64_H2_D32", "--modes", "fwd", "--device", "cpu", "--min-pairs", "6",
+                "--max-pairs", "6", "--rounds", "1", "--cell-seconds", "5", "--json")
+    assert r.code == 0 and r.json["cells"][0]["cell"]["id"] == "B1_T64_H2_D32/fwd", r.stdout[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("[") and "s] bench: " in line]
+    assert [line.split("] ", 1)[1] for line in lines][:2] == ["bench: starting workers",
+                                                             "bench: warm-up, correctness, probes"]
 
 
 def _bench_like_table() -> Table:

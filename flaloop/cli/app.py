@@ -22,6 +22,7 @@ import json
 import os
 import shlex
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -266,9 +267,49 @@ def human(as_json: bool) -> Console:
     return err if as_json else out
 
 
+class _Progress(Progress):
+    """rich's progress bar on a terminal. Elsewhere (CI logs, an agent reading stderr, a detached run)
+    rich draws nothing, so a long run would say nothing for minutes: there each task prints one plain
+    line on stderr when its description changes, and a heartbeat with its count every
+    `HEARTBEAT_S` while it does not, each with the time since the start."""
+
+    HEARTBEAT_S = 30.0
+
+    def __init__(self, *columns, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self._plain = not self.console.is_terminal
+        self._t0 = time.monotonic()
+        self._said: dict = {}  # task id -> (description, when said)
+
+    def add_task(self, description, *args, **kwargs):
+        task_id = super().add_task(description, *args, **kwargs)
+        self._say(task_id, description)
+        return task_id
+
+    def update(self, task_id, *args, description=None, **kwargs):
+        super().update(task_id, *args, description=description, **kwargs)
+        self._say(task_id, description)
+
+    def _say(self, task_id, description) -> None:
+        if not self._plain:
+            return
+        now = time.monotonic()
+        was, when = self._said.get(task_id, (None, 0.0))
+        if description is None or description == was:
+            if was is None or now - when < self.HEARTBEAT_S:
+                return
+            task = next((t for t in self.tasks if t.id == task_id), None)
+            count = f" ({task.completed:g}{'/' + format(task.total, 'g') if task and task.total else ''})" if task else ""
+            description = f"{was}{count}"
+            self._said[task_id] = (was, now)
+        else:
+            self._said[task_id] = (description, now)
+        err.print(f"[{now - self._t0:7.1f}s] {description}")
+
+
 def progress_bar(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console, transient=True)
+    return _Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                     TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console, transient=True)
 
 
 # -- option groups ------------------------------------------------------------------------------
