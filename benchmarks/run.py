@@ -100,7 +100,9 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # issue 21 on one GPU: the sweep of three candidates and `iter --from-sweep` (the new code),
          # then the 12-cell A/A and the planted slowdown on the redesigned bench
          "h200-sweep": [[["machine", "sweep"]], [["aa"]]],
-         # issue 22 on one GPU: the varlen loop with its profile-backed go and report, and the sanitizer
+         # issue 22 on one GPU: the varlen loop with its profile-backed go and report, and the sanitizer.
+         # Its cold baseline alone ran past 1,030 s on one H200 (twelfth session): give it a session of
+         # its own, `--deadline 1700` and three `wait 560`.
          "h200-evidence": [[["machine", "evidence"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
