@@ -13,7 +13,7 @@ by the name a user gives it. Each record holds per-cell estimates of its candida
 * **Paired (same base commit).** B's change relative to A is the ratio of the speedups,
   ``speedup_B / speedup_A = exp(theta_A - theta_B)`` (above 1: B is faster than A). The two estimates
   come from independent runs, so the interval of ``theta_B - theta_A`` is built from the two intervals
-  the way the geomean's is (``stats._combined_interval``: each side read back as a standard error,
+  the way the geomean's is (``stats.combined_interval``: each side read back as a standard error,
   added in quadrature, Welch-Satterthwaite degrees of freedom), and the verdict is the single-cell CI
   rule (``stats.verdict``) with A's margin, per cell, without a multiplicity correction. The geomean
   of the ratios takes all paired cells' intervals at once.
@@ -202,7 +202,7 @@ def _theta_bounds(e) -> tuple[float, float]:
 
 def _difference(pairs: list[tuple], confidence: float = 0.95) -> tuple[float, float, float]:
     """(point, low, high) of mean_i(theta_B_i - theta_A_i) over pairs of (A estimate, B estimate),
-    from their own intervals (stats._combined_interval over the 2m terms theta_B_i and -theta_A_i,
+    from their own intervals (stats.combined_interval over the 2m terms theta_B_i and -theta_A_i,
     whose mean is half the mean difference)."""
     thetas, bounds, ns = [], [], []
     for ea, eb in pairs:
@@ -210,7 +210,7 @@ def _difference(pairs: list[tuple], confidence: float = 0.95) -> tuple[float, fl
         thetas += [eb.log_ratio, -ea.log_ratio]
         bounds += [_theta_bounds(eb), (-hi_a, -lo_a)]
         ns += [max(2, eb.n_pairs), max(2, ea.n_pairs)]
-    lo, hi, _ = stats._combined_interval(np.array(thetas), bounds, ns, confidence)
+    lo, hi, _ = stats.combined_interval(np.array(thetas), bounds, ns, confidence)
     return 2 * float(np.mean(thetas)), 2 * lo, 2 * hi
 
 

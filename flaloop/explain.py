@@ -42,16 +42,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flaloop import fsutil, git, procs
+from flaloop import fsutil, git, profiling
 from flaloop.bench import model as model_mod
 from flaloop.bench import record as record_mod
-from flaloop.errors import MeasurementError, UsageError
+from flaloop.errors import UsageError
 from flaloop.guard import catalogue
 from flaloop.guard.findings import BLOCK, Finding
 
@@ -264,22 +263,8 @@ def _run_side(python: str, tree: Path, registry: Path, op: str, cells: list[dict
            "--cells", json.dumps(cells), "--steps", str(steps), "--out", str(out), "--side", side]
     if device:
         cmd += ["--device", device]
-    try:
-        proc = procs.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
-    except Exception as exc:  # noqa: BLE001 - a timeout or a launch failure: say which side
-        raise MeasurementError(f"profiling the {side} side for the explanation failed: {exc}") from exc
-    result = out / f"cells-{side}.json"
-    if not result.exists():
-        raise MeasurementError(f"the profile probe died on the {side} side (exit {proc.returncode})",
-                               (proc.stderr or proc.stdout)[-3000:])
-    data = json.loads(result.read_text())
-    if not data.get("ok"):
-        raise MeasurementError(f"profiling the {side} side failed: {data.get('error')}",
-                               data.get("traceback", "")[-3000:])
-    where = (data.get("hello") or {}).get("op_module_file") or ""
-    if not os.path.realpath(where).startswith(os.path.realpath(tree) + os.sep):
-        raise MeasurementError(f"the {side} side imported {op} from {where}, not from {tree}",
-                               "an installed copy shadows the tree: refusing to profile the wrong code")
+    data = profiling.run_step_script(cmd, tree, env, timeout, out / f"cells-{side}.json", side)
+    profiling.check_provenance(data.get("hello"), tree, op, side)
     return data
 
 
@@ -287,8 +272,6 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
          command: str = "", timeout: float = 3600, on_event: Callable[..., None] | None = None) -> dict:
     """Profile the cells of `iteration`'s vs-base measurement on the base and on the iteration's
     commit, account for the measured saving, and write `explain/<stamp>/explain.json`."""
-    from flaloop import profiling  # the profile's environment (Triton cache, shared autotuning picks)
-
     say = on_event or (lambda *a, **k: None)
     vs = iteration.vs_base or {}
     if not vs.get("record"):
@@ -303,7 +286,7 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
     stamp = record_mod.now_stamp()
     out = directory(ws) / stamp
     out.mkdir(parents=True, exist_ok=True)
-    env = profiling._env(ws)
+    env = profiling.step_env(ws)
     registry_rel = target.registry_file.relative_to(target.root)
     base_commit, cand_commit = vs.get("base_commit") or contract.base_commit, iteration.commit
     sides: dict[str, dict] = {}

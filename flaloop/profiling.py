@@ -56,7 +56,9 @@ def pick_cell(target, contract, shape: str | None, mode: str | None) -> model_mo
     return model_mod.make_cells(target.shape_configs(spec), [name], [m], "bfloat16", False)[0]
 
 
-def _env(ws: Path) -> dict:
+def step_env(ws: Path) -> dict:
+    """The environment of a step script (profile, explain, sanitize): the workspace's Triton cache
+    and the bench's shared autotuning picks, so the step runs the configs the bench measured."""
     env = dict(os.environ)
     env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(ws / "triton-cache")
     env["TRITON_CACHE_AUTOTUNING"] = "1"  # the bench's shared picks: the profiled step runs the same configs
@@ -71,11 +73,16 @@ def _run_step(python: str, tree: Path, registry: Path, op: str, wire: dict, out:
         cmd += ["--device", device]
     if prefix:
         cmd.append("--ncu-target")
+    return run_step_script(cmd, tree, env, timeout, out / f"step-{side}{'-ncu' if prefix else ''}.json", side)
+
+
+def run_step_script(cmd: list[str], tree: Path, env: dict, timeout: float, result: Path, side: str) -> dict:
+    """Run a step script (scripts/profile_step.py) in `tree` and read the result it writes; a
+    MeasurementError naming the side when it times out, dies without a result or reports a failure."""
     try:
         proc = procs.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise MeasurementError(f"profiling the {side} side took longer than {timeout:.0f}s") from exc
-    result = out / f"step-{side}{'-ncu' if prefix else ''}.json"
     if not result.exists():
         raise MeasurementError(f"the profile probe died on the {side} side (exit {proc.returncode})",
                                (proc.stderr or proc.stdout)[-3000:])
@@ -85,6 +92,14 @@ def _run_step(python: str, tree: Path, registry: Path, op: str, wire: dict, out:
         raise MeasurementError(f"profiling the {side} side failed: {data.get('error')}",
                                data.get("traceback", "")[-3000:])
     return data
+
+
+def check_provenance(hello: dict, tree: Path, op: str, side: str, what: str = "profile") -> None:
+    """Refuse a reading of an installed copy of the op instead of the tree's own."""
+    where = (hello or {}).get("op_module_file") or ""
+    if where and not os.path.realpath(where).startswith(os.path.realpath(tree) + os.sep):
+        raise MeasurementError(f"the {side} side imported {op} from {where}, not from {tree}",
+                               f"an installed copy shadows the tree: refusing to {what} the wrong code")
 
 
 def ncu_status(ncu: str | None = None) -> tuple[str | None, str]:
@@ -185,7 +200,7 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
     out = ws / "trace" / stamp
     out.mkdir(parents=True, exist_ok=True)
     registry_rel = target.registry_file.relative_to(target.root)
-    env = _env(ws)
+    env = step_env(ws)
     state = git.tree_state(target.root)
     doc: dict = {"kind": "profile", "schema": 1, "op": contract.op, "created": stamp, "command": command,
                  "cell": {**cell.to_wire(model_mod.BenchConfig(sample_ms=1.0), None, "eager"), "shape_name": cell.shape_name},
@@ -198,10 +213,7 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
             data = _run_step(target.python, tree, registry, contract.op, wire, out, side, device, env)
             for key in ("_stdout", "_stderr"):
                 data.pop(key, None)
-            where = (data.get("hello") or {}).get("op_module_file") or ""
-            if not os.path.realpath(where).startswith(os.path.realpath(tree) + os.sep):
-                raise MeasurementError(f"the {side} side imported {contract.op} from {where}, not from {tree}",
-                                       "an installed copy shadows the tree: refusing to profile the wrong code")
+            check_provenance(data.get("hello"), tree, contract.op, side)
             doc[side] = data
         doc["device"] = doc["cand"]["device"]
         doc["kernels_are"] = doc["cand"]["kernels_are"]

@@ -37,10 +37,10 @@ from pathlib import Path
 from flaloop import fsutil, git, procs
 from flaloop.bench import model as model_mod
 from flaloop.bench.record import now_stamp
-from flaloop.errors import MeasurementError, UsageError
+from flaloop.errors import UsageError
 from flaloop.guard import catalogue
 from flaloop.guard.findings import BLOCK, WARN, Finding, apply_allowances
-from flaloop.profiling import _env as triton_env
+from flaloop.profiling import check_provenance, step_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "sanitize_step.py"
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -316,7 +316,7 @@ def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registr
     run.records, run.instrumented = parsed.records, not parsed.no_cuda
     step = _read_step(result)
     run.device, run.cells = step.get("device"), step.get("cells") or []
-    _check_provenance(step, tree, op, side)
+    check_provenance(step.get("hello"), tree, op, side, "sanitize")
     ran = parsed.errors is not None or parsed.no_cuda
     if timed_out:
         run.status, run.reason = "timeout", f"killed after {timeout:.0f}s (--timeout)"
@@ -337,14 +337,6 @@ def _read_step(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def _check_provenance(step: dict, tree: Path, op: str, side: str) -> None:
-    """Refuse a run that checked an installed copy of the op instead of the tree's (as profile does)."""
-    where = (step.get("hello") or {}).get("op_module_file")
-    if where and not os.path.realpath(where).startswith(os.path.realpath(tree) + os.sep):
-        raise MeasurementError(f"the {side} side imported {op} from {where}, not from {tree}",
-                               "an installed copy shadows the tree: refusing to sanitize the wrong code")
 
 
 # -- the cells, the comparison, the document ----------------------------------------------------
@@ -482,7 +474,7 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
         doc["sanitizer"]["version"] = sanitizer_version(exe)
         doc["tools"] = {}
         registry_rel = target.registry_file.relative_to(target.root)
-        env = triton_env(ws)
+        env = step_env(ws)
         with git.worktree(target.root, contract.base_commit, "base") as base_tree, \
                 _candidate_tree(target.root, candidate_commit) as cand_tree:
             registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats as sps
 
 from flaloop import stats
-from flaloop.stats import CIHalfWidthStop, SpeedupEstimate, Verdict
+from flaloop.stats import CIHalfWidthStop, SpeedupEstimate, Verdict, estimators, intervals
 
 LAM = math.log1p(0.005)
 
@@ -135,8 +135,8 @@ def test_fast_bootstrap_hl_equals_brute_force_on_every_resample(ties):
     for n in (2, 3, 8, 21, 60):
         r = rng.normal(0, 1, n)
         x = np.sort(np.round(r) if ties else r)
-        counts = np.vstack([stats._resample_counts(n, 150, rng, np.arange(n)), 1 - np.eye(n, dtype=np.int64)])
-        got = stats._hl_resampled(x, counts)
+        counts = np.vstack([intervals._resample_counts(n, 150, rng, np.arange(n)), 1 - np.eye(n, dtype=np.int64)])
+        got = estimators._hl_resampled(x, counts)
         want = np.array([brute_hl(np.repeat(x, c)) for c in counts])
         assert np.array_equal(got, want), (n, ties)
 

@@ -27,7 +27,6 @@ the CPU the host's time is the device's.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -36,31 +35,14 @@ import time
 import traceback
 from pathlib import Path
 
-WORKER = Path(__file__).resolve().parents[1] / "bench" / "worker"
-PACKAGE = "_flaloop_worker"
-
-
-def _load_worker():
-    """The bench worker's package, under the private name it always has (see its __init__)."""
-    spec = importlib.util.spec_from_file_location(PACKAGE, WORKER / "__init__.py",
-                                                  submodule_search_locations=[str(WORKER)])
-    pkg = importlib.util.module_from_spec(spec)
-    sys.modules[PACKAGE] = pkg
-    spec.loader.exec_module(pkg)
-    return importlib.import_module(f"{PACKAGE}.server")
-
+from flaloop_worker_step import worker_server  # beside this script
 
 HOST_ROW = "(host time outside any op)"
 STEP = "flaloop_step"
 
 
 def _worker(args):
-    wmod = _load_worker()
-    wargs = argparse.Namespace(tree=args.tree, registry=args.registry, op=args.op, side=args.side,
-                               device=args.device, workdir=None, backend=None, import_mode='full')
-    worker = wmod.WorkerServer(wargs)
-    if worker.init_error:
-        raise RuntimeError(f"could not import {args.op}: {worker.init_error[0]}")
+    worker = worker_server(args)
     return worker, worker.handle("hello", {})
 
 

@@ -19,7 +19,6 @@ its setup and its step took under the tool.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -27,32 +26,11 @@ import time
 import traceback
 from pathlib import Path
 
-WORKER = Path(__file__).resolve().parents[1] / "bench" / "worker"
-PACKAGE = "_flaloop_worker"
+from flaloop_worker_step import worker_server  # beside this script
+
 MARKER = "flaloop-cell"
 # the least setup the worker allows: one compile/autotune call, one input set, no graph, k fixed
 LEAN_SETUP = {"warmup": 1, "n_sets": 1, "k": 1, "timer": "eager", "placements": 1}
-
-
-def _load_worker():
-    """The bench worker's server module, under the private name the worker always has."""
-    spec = importlib.util.spec_from_file_location(PACKAGE, WORKER / "__init__.py",
-                                                  submodule_search_locations=[str(WORKER)])
-    pkg = importlib.util.module_from_spec(spec)
-    sys.modules[PACKAGE] = pkg
-    spec.loader.exec_module(pkg)
-    return importlib.import_module(f"{PACKAGE}.server")
-
-
-def _worker(args):
-    """A WorkerServer for this side (no protocol loop: we call its commands directly)."""
-    wmod = _load_worker()
-    wargs = argparse.Namespace(tree=args.tree, registry=args.registry, op=args.op, side=args.side,
-                               device=args.device, workdir=None, backend=None, import_mode="full")
-    worker = wmod.WorkerServer(wargs)
-    if worker.init_error:
-        raise RuntimeError(f"could not import {args.op}: {worker.init_error[0]}")
-    return worker
 
 
 def _mark(cell_id: str) -> None:
@@ -103,7 +81,7 @@ def step_cell(worker, wire: dict) -> dict:
 
 
 def run(args) -> dict:
-    worker = _worker(args)
+    worker = worker_server(args)
     hello = worker.handle("hello", {})
     cells = json.loads(Path(args.cells).read_text())
     results = [step_cell(worker, wire) for wire in cells]
