@@ -58,8 +58,10 @@ def pick_cell(target, contract, shape: str | None, mode: str | None) -> model_mo
 
 def step_env(ws: Path) -> dict:
     """The environment of a step script (profile, explain, sanitize): the workspace's Triton cache
-    and the bench's shared autotuning picks, so the step runs the configs the bench measured."""
+    and the bench's shared autotuning picks, so the step runs the configs the bench measured. The
+    script runs under ncu or compute-sanitizer, a grandchild: its lifeline watches this process."""
     env = dict(os.environ)
+    env["FLALOOP_LIFELINE_PID"] = str(os.getpid())
     env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(ws / "triton-cache")
     env["TRITON_CACHE_AUTOTUNING"] = "1"  # the bench's shared picks: the profiled step runs the same configs
     return env

@@ -21,6 +21,7 @@ Results: `profile/<op>-opt/sanitize/<stamp>/sanitize.json` and per tool and side
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -262,14 +263,43 @@ class SideRun:
         return {**dataclasses.asdict(self), "records": [r.to_dict() for r in self.records]}
 
 
+class Running:
+    """The compute-sanitizer processes alive now, so that an interrupted run kills every one (those
+    started from the pool's threads get no PDEATHSIG, see flaloop.procs) and starts no more."""
+
+    def __init__(self) -> None:
+        self.procs: set[subprocess.Popen] = set()
+        self.stopped = False
+        self._lock = threading.Lock()
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            if self.stopped:
+                procs.kill_popen(proc)
+            self.procs.add(proc)
+
+    def discard(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self.procs.discard(proc)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            alive = list(self.procs)
+        for proc in alive:
+            procs.kill_popen(proc)
+
+
 def _run_logged(cmd: list[str], *, cwd: Path, env: dict, log: Path, timeout: float,
-                on_line: Callable[[str], None]) -> tuple[int | None, bool]:
+                on_line: Callable[[str], None], running: Running | None = None) -> tuple[int | None, bool]:
     """Run `cmd` with stdout and stderr, in order, into `log`; each line also to `on_line`.
     Returns (exit code, whether it was killed for taking longer than `timeout`)."""
     timed_out = threading.Event()
     with open(log, "w", encoding="utf-8", errors="replace") as fh, \
             procs.spawn(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         errors="replace", bufsize=1) as proc:
+        if running is not None:
+            running.add(proc)
 
         def expire() -> None:
             timed_out.set()
@@ -288,12 +318,15 @@ def _run_logged(cmd: list[str], *, cwd: Path, env: dict, log: Path, timeout: flo
             raise
         finally:
             timer.cancel()
+            if running is not None:
+                running.discard(proc)
     return (None if timed_out.is_set() else proc.returncode), timed_out.is_set()
 
 
 def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registry: Path, op: str,
              cells_file: Path, out: Path, env: dict, device: str | None, timeout: float,
-             print_limit: int = PRINT_LIMIT, on_cell: Callable[[str], None] | None = None) -> SideRun:
+             print_limit: int = PRINT_LIMIT, on_cell: Callable[[str], None] | None = None,
+             running: Running | None = None) -> SideRun:
     """One compute-sanitizer process: `tool` over every cell of `cells_file`, on `tree`."""
     log, result = out / f"{tool}-{side}.log", out / f"{tool}-{side}.json"
     cmd = [exe, "--tool", tool, "--print-limit", str(print_limit), "--error-exitcode", str(ERROR_EXIT),
@@ -309,7 +342,7 @@ def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registr
 
     t0 = time.monotonic()
     code, timed_out = _run_logged(cmd, cwd=tree, env={**env, **TOOL_ENV.get(tool, {})}, log=log,
-                                  timeout=timeout, on_line=on_line)
+                                  timeout=timeout, on_line=on_line, running=running)
     run = SideRun(side, tool, exit_code=code, wall_s=round(time.monotonic() - t0, 3), log=str(log))
     parsed = parse_log(log.read_text(encoding="utf-8", errors="replace"))
     run.errors, run.warnings, run.truncated = parsed.errors, parsed.warnings, parsed.truncated
@@ -444,9 +477,10 @@ def _candidate_tree(root: Path, commit: str | None) -> Iterator[Path]:
 def sanitize(target, contract, *, candidate_commit: str | None = None, cells: list[str] | None = None,
              tools: list[str] | tuple[str, ...] = TOOLS, device: str | None = None,
              on_event: Callable[..., None] | None = None, timeout: float = DEFAULT_TIMEOUT,
-             print_limit: int = PRINT_LIMIT, command: str = "") -> dict:
+             print_limit: int = PRINT_LIMIT, command: str = "", jobs: int = len(TOOLS)) -> dict:
     """Every contract cell under each tool on the base and on the candidate (the working tree, or
-    `candidate_commit`); write and return sanitize.json's content ("blocked", "findings", "tools")."""
+    `candidate_commit`); write and return sanitize.json's content ("blocked", "findings", "tools").
+    Up to `jobs` tools run at once, each its base side then its candidate side."""
     say = on_event or (lambda *a, **k: None)
     tools = check_tools(tools)
     picked = contract_cells(target, contract, cells)
@@ -478,17 +512,39 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
         with git.worktree(target.root, contract.base_commit, "base") as base_tree, \
                 _candidate_tree(target.root, candidate_commit) as cand_tree:
             registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does
-            for tool in tools:
+
+            running = Running()
+
+            def one_tool(tool: str) -> tuple[dict, list[Finding]]:
                 runs: dict[str, SideRun] = {}
                 for side, tree in (("base", base_tree), ("cand", cand_tree)):
+                    if running.stopped:
+                        raise KeyboardInterrupt
                     say("run", side=side, tool=tool, cells=len(picked))
                     runs[side] = run_side(exe, tool, side, python=target.python, tree=tree, registry=registry,
                                           op=contract.op, cells_file=cells_file, out=out, env=env, device=device,
-                                          timeout=timeout, print_limit=print_limit,
+                                          timeout=timeout, print_limit=print_limit, running=running,
                                           on_cell=lambda cid, s=side, t=tool: say("cell", side=s, tool=t, cell=cid))
                     if runs[side].status == "refused":
                         break  # the device refuses this tool: the other side would too
-                doc["tools"][tool], found = tool_result(tool, runs["base"], runs.get("cand"))
+                return tool_result(tool, runs["base"], runs.get("cand"))
+
+            # The tools are separate processes that check and never time, so they can share the
+            # device: up to `jobs` of them run at once (one alone runs on this thread).
+            width = max(1, min(jobs, len(tools)))
+            if width == 1:
+                results = [one_tool(t) for t in tools]
+            else:
+                pool = concurrent.futures.ThreadPoolExecutor(width, thread_name_prefix="sanitize")
+                try:
+                    results = [f.result() for f in [pool.submit(one_tool, t) for t in tools]]
+                except BaseException:
+                    running.stop()  # an interrupt (or a crash): kill what runs, start nothing more
+                    raise
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+            for tool, (entry, found) in zip(tools, results, strict=True):
+                doc["tools"][tool] = entry
                 findings += found
     findings = apply_allowances(findings, list(getattr(contract, "allowed", None) or []))
     doc["findings"] = [f.to_dict() for f in findings]

@@ -36,7 +36,7 @@ REFUSED = {"racecheck": "refuse", "initcheck": "refuse", "synccheck": "refuse"} 
 FAKE = r'''#!@PYTHON@
 """A stand-in for compute-sanitizer: runs the command after the options, passes its output through,
 and after each `flaloop-cell <id>` line prints the records that ./.sanitizer-plant.json plants."""
-import json, os, subprocess, sys
+import json, os, subprocess, sys, time
 
 MEMCHECK = """========= Invalid __global__ write of size 4 bytes
 =========     at {kernel}+0x70 in chunk.py:88
@@ -65,7 +65,15 @@ if mine == "refuse":
     print("========= Error: Device not supported. Please refer to the \"Supported Devices\" section of the "
           "sanitizer documentation", flush=True)
     sys.exit(255)
+stamps = os.environ.get("FAKE_SANITIZER_STAMPS")  # a test's record of when each process ran
+if stamps:
+    with open(stamps, "a") as fh:
+        fh.write(f"start {tool} {os.getpid()} {time.time()}\n")
+    time.sleep(float(os.environ.get("FAKE_SANITIZER_SLEEP", "0")))
 proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+if stamps:
+    with open(stamps, "a") as fh:
+        fh.write(f"child {tool} {proc.pid} {time.time()}\n")
 n = 0
 for line in proc.stdout:
     sys.stdout.write(line)
@@ -76,6 +84,9 @@ for line in proc.stdout:
                 n += 1
     sys.stdout.flush()
 rc = proc.wait()
+if stamps:
+    with open(stamps, "a") as fh:
+        fh.write(f"end {tool} {os.getpid()} {time.time()}\n")
 if tool == "racecheck":
     print(f"========= RACECHECK SUMMARY: {n} hazards displayed ({n} errors, 0 warnings)")
 else:
@@ -295,3 +306,70 @@ def test_a_contract_cell_filter_names_the_known_cells(tmp_path):
     assert [x.id for x in sanitize_mod.contract_cells(target, c)] == [FWD]
     with pytest.raises(Exception, match="unknown cell"):
         sanitize_mod.contract_cells(target, c, ["nope/fwd"])
+
+
+def _stamps(path: Path) -> list[tuple[str, str, int, float]]:
+    rows = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+    return [(kind, tool, int(pid), float(t)) for kind, tool, pid, t in rows]
+
+
+def test_the_tools_run_at_once_and_jobs_1_runs_them_one_after_another(tmp_path, fake_bin):
+    repo = make_repo(tmp_path / "minifla")
+    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
+    spans = {}
+    for jobs in ("4", "1"):
+        stamps = tmp_path / f"stamps-{jobs}"
+        r = flaloop(repo, "sanitize", OP, "--tool", "memcheck,initcheck", "--jobs", jobs, "--json",
+                    env={"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
+                         "FAKE_SANITIZER_STAMPS": str(stamps), "FAKE_SANITIZER_SLEEP": "1"})
+        assert r.code == 0, r.stdout + r.stderr
+        assert list(r.json["tools"]) == ["memcheck", "initcheck"]  # the document keeps the tools' order
+        assert all(set(t["sides"]) == {"base", "cand"} for t in r.json["tools"].values())
+        rows = _stamps(stamps)
+        spans[jobs] = {tool: (min(t for k, x, _, t in rows if x == tool and k == "start"),
+                              max(t for k, x, _, t in rows if x == tool and k == "end"))
+                       for tool in ("memcheck", "initcheck")}
+    (m0, m1), (i0, i1) = spans["4"]["memcheck"], spans["4"]["initcheck"]
+    assert max(m0, i0) < min(m1, i1), spans  # both tools ran at the same time
+    (m0, m1), (i0, i1) = spans["1"]["memcheck"], spans["1"]["initcheck"]
+    assert m1 <= i0, spans  # one after another, in the order asked
+
+
+def test_an_interrupt_kills_every_running_sanitizer_and_its_step_and_removes_the_worktrees(tmp_path, fake_bin):
+    """Three tools at once; the candidate's op hangs at import (a step that runs for ever under the
+    tool, the step script being the sanitizer's child and flaloop's grandchild). One SIGINT: exit
+    130, every sanitizer and every step gone, both worktrees removed."""
+    import signal
+    import subprocess
+    import time
+
+    repo = make_repo(tmp_path / "minifla")
+    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
+    chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"
+    chunk.write_text(chunk.read_text() + "\nimport time as _t\n\n_t.sleep(300)\n")
+    git(repo, "commit", "-q", "-am", "a candidate that hangs at import")
+    stamps = tmp_path / "stamps"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_SANITIZER_STAMPS": str(stamps)}
+    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sanitize", OP, "--commit", "HEAD", "--tool",
+                             "memcheck,racecheck,initcheck"], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len([r for r in _stamps(stamps) if r[0] == "child"]) < 6:
+            time.sleep(0.2)  # three base sides done, three candidate sides started
+        rows = _stamps(stamps)
+        assert len([r for r in rows if r[0] == "child"]) == 6, rows
+        time.sleep(2)  # the candidates' steps are inside the hanging import
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    pids = [pid for kind, _, pid, _ in _stamps(stamps) if kind in ("start", "child")]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(sanitize_mod.procs.running(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if sanitize_mod.procs.running(p)], "a sanitizer or its step outlived the interrupt"
+    assert len(git(repo, "worktree", "list").splitlines()) == 1

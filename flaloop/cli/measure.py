@@ -441,6 +441,9 @@ def sanitize_cmd(
     device: Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda when available).")] = None,
     timeout: Annotated[float, typer.Option(
         "--timeout", help="Kill one compute-sanitizer process after this many seconds.")] = sanitize_mod.DEFAULT_TIMEOUT,
+    jobs: Annotated[int, typer.Option(
+        "--jobs", min=1, help="Tools run at once on the device (each its base side, then its candidate side).")]
+    = len(sanitize_mod.TOOLS),
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
@@ -455,7 +458,8 @@ def sanitize_cmd(
     console = human(as_json)
     with lock_options.hold(target, op, console, "sanitize"):
         doc = sanitize_mod.sanitize(target, c, candidate_commit=candidate, cells=cell, tools=tools, device=device,
-                                    on_event=sanitize_events(console), timeout=timeout, command=command_line())
+                                    on_event=sanitize_events(console), timeout=timeout, command=command_line(),
+                                    jobs=jobs)
     code = sanitize_exit(doc)
     if as_json:
         emit_json({"ok": True, "exit_code": code, **doc})

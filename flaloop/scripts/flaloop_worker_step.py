@@ -26,7 +26,11 @@ def load_worker():
 
 
 def worker_server(args):
-    """A WorkerServer for `args.side` of `args.op` in `args.tree`; RuntimeError when the op cannot be imported."""
+    """A WorkerServer for `args.side` of `args.op` in `args.tree`; RuntimeError when the op cannot be imported.
+    Arms flaloop's lifeline first: under ncu or compute-sanitizer this process is flaloop's grandchild."""
+    import flaloop_lifeline  # beside this file, first on sys.path
+
+    flaloop_lifeline.arm()
     wargs = argparse.Namespace(tree=args.tree, registry=args.registry, op=args.op, side=args.side,
                                device=args.device, workdir=None, backend=None, import_mode="full")
     worker = load_worker().WorkerServer(wargs)
