@@ -258,12 +258,13 @@ def latest(ws: Path, base_commit: str, cand_commit: str, record: str | None = No
 
 
 def _run_side(python: str, tree: Path, registry: Path, op: str, cells: list[dict], out: Path, side: str,
-              steps: int, device: str | None, env: dict, timeout: float) -> dict:
+              steps: int, device: str | None, env: dict, timeout: float,
+              on_cell: Callable[[str], None] | None = None) -> dict:
     cmd = [python, str(SCRIPT), "--tree", str(tree), "--registry", str(registry), "--op", op,
            "--cells", json.dumps(cells), "--steps", str(steps), "--out", str(out), "--side", side]
     if device:
         cmd += ["--device", device]
-    data = profiling.run_step_script(cmd, tree, env, timeout, out / f"cells-{side}.json", side)
+    data = profiling.run_step_script(cmd, tree, env, timeout, out / f"cells-{side}.json", side, on_cell=on_cell)
     profiling.check_provenance(data.get("hello"), tree, op, side)
     return data
 
@@ -296,7 +297,7 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
         for side, tree in (("base", base_tree), ("cand", cand_tree)):
             say("side", side=side, cells=len(wires), steps=steps)
             sides[side] = _run_side(target.python, tree, registry, contract.op, wires, out, side, steps, device,
-                                    env, timeout)
+                                    env, timeout, on_cell=lambda cid, s=side: say("cell", side=s, cell=cid))
     doc = {"kind": "explain", "schema": 1, "op": contract.op, "created": stamp, "command": command,
            "iter": iteration.iter, "base_commit": base_commit, "cand_commit": cand_commit, "record": vs["record"],
            "steps": steps, "device": sides["cand"].get("device"),

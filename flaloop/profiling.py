@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,18 +79,49 @@ def _run_step(python: str, tree: Path, registry: Path, op: str, wire: dict, out:
     return run_step_script(cmd, tree, env, timeout, out / f"step-{side}{'-ncu' if prefix else ''}.json", side)
 
 
-def run_step_script(cmd: list[str], tree: Path, env: dict, timeout: float, result: Path, side: str) -> dict:
+CELL_MARKER = "flaloop-cell "  # a step script's line (on stderr) as it starts a cell
+
+
+def run_step_script(cmd: list[str], tree: Path, env: dict, timeout: float, result: Path, side: str,
+                    on_cell: Callable[[str], None] | None = None) -> dict:
     """Run a step script (scripts/profile_step.py) in `tree` and read the result it writes; a
-    MeasurementError naming the side when it times out, dies without a result or reports a failure."""
-    try:
-        proc = procs.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise MeasurementError(f"profiling the {side} side took longer than {timeout:.0f}s") from exc
+    MeasurementError naming the side when it times out, dies without a result or reports a failure.
+    `on_cell` hears each cell the script starts, as it starts it."""
+    err: list[str] = []
+    with procs.spawn(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                     errors="replace", bufsize=1) as proc:
+        outs: list[str] = []
+        reader = threading.Thread(target=lambda: outs.append(proc.stdout.read()), daemon=True)
+        reader.start()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            procs.kill_popen(proc)
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            for line in proc.stderr:
+                err.append(line)
+                if on_cell and line.startswith(CELL_MARKER):
+                    on_cell(line[len(CELL_MARKER):].strip())
+            proc.wait()
+        except BaseException:
+            procs.kill_popen(proc)
+            raise
+        finally:
+            timer.cancel()
+        reader.join(5)
+    stdout, stderr = "".join(outs), "".join(err)
+    if expired.is_set():
+        raise MeasurementError(f"profiling the {side} side took longer than {timeout:.0f}s")
     if not result.exists():
         raise MeasurementError(f"the profile probe died on the {side} side (exit {proc.returncode})",
-                               (proc.stderr or proc.stdout)[-3000:])
+                               (stderr or stdout)[-3000:])
     data = json.loads(result.read_text())
-    data["_stdout"], data["_stderr"] = proc.stdout[-4000:], proc.stderr[-4000:]
+    data["_stdout"], data["_stderr"] = stdout[-4000:], stderr[-4000:]
     if not data.get("ok"):
         raise MeasurementError(f"profiling the {side} side failed: {data.get('error')}",
                                data.get("traceback", "")[-3000:])

@@ -53,7 +53,11 @@ def test_gate_plan_spreads_the_gate_over_the_gpus_and_keeps_one_for_the_bench(mo
     assert gate_plan(GateOptions()) == (6, ["2", "3", "5"], None)  # one per two cores
     assert gate_plan(GateOptions(workers=3, gpus="0,1"), for_verify=True) == (3, ["0"], "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert gate_plan(GateOptions(), for_verify=True) == (0, None, None)  # one GPU: today's order
+    # one GPU: the workers share it (a cold gate is compile-bound), the bench comes after the gate
+    assert gate_plan(GateOptions(), for_verify=True) == (6, None, None)
+    assert gate_plan(GateOptions(workers=2)) == (2, None, None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gate_plan(GateOptions()) == (0, None, None)  # no GPU: as asked, none by default
 
 
 def test_verify_with_two_gpus_runs_the_gate_beside_the_bench(toy):

@@ -139,6 +139,11 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     assert 0.5 <= r.json["decision"]["data"]["explained_share"] <= 1.5  # the sleep: host time outside any op
     host = {k["name"]: k for k in expl["cells"][0]["kernels"]}["(host time outside any op)"]
     assert host["base_ms"] > 4 > 1 > host["cand_ms"]
+    # each side's progress names the cell it is at; each cell says where its profile's time went
+    assert "    base: B2_T64_H2_D16/fwd" in r.stderr and "    cand: B2_T64_H2_D16/fwd" in r.stderr
+    side = json.loads((Path(expl["_path"]).parent / "cells-cand.json").read_text())
+    wall = side["cells"]["B2_T64_H2_D16/fwd"]["wall_s"]
+    assert set(wall) == {"setup", "warm", "profiled", "trace", "tuning_in_setup"} and wall["profiled"] > 0
     notes = r.json["decision"]["data"]["sanitizer_notes"]  # the go ran the sanitizer step, which says why not
     assert set(notes) == {"memcheck", "racecheck", "initcheck", "synccheck"} and r.json["decision"]["data"]["sanitize"]
     rep = fl(repo, "report", OP, "--no-plots", "--json")  # (it refuses the claim here: the dispatch's bench

@@ -40,9 +40,11 @@ from flaloop.cli.measure import (
     gate_plan,
     run_bench_with_progress,
     run_gate_with_progress,
+    sanitize_events,
     sanitize_record,
 )
 from flaloop.cli.render import print_bench, print_gate
+from flaloop.cli.report import explain_events
 from flaloop.contract import Contract
 from flaloop.errors import GateRed, MeasurementError, RuleRefused, UsageError
 from flaloop.loop import bounds, iteration, records, rules
@@ -296,15 +298,12 @@ def stop_cmd(
             if not missing:
                 console.print("the go needs kernels that explain the win: the kept iteration against the base ...")
                 explanation = explain.for_go(target, c, rules.best(iters), steps=steps, command=_command_line(),
-                                             on_event=lambda kind, **i: console.print(
-                                                 f"  profiling the {i.get('side')} side: {i.get('cells')} cells "
-                                                 f"x {i.get('steps')} steps ..."))
+                                             on_event=explain_events(console))
                 missing = explain.go_missing(explanation)
             if not missing:
                 console.print("... and compute-sanitizer on every cell, the base against the kept commit ...")
                 sanitized = sanitize_mod.for_go(target, c, rules.best(iters), command=_command_line(),
-                                                on_event=lambda kind, **i: kind == "run" and console.print(
-                                                    f"  {i.get('tool')} on the {i.get('side')} side ..."))
+                                                on_event=sanitize_events(console))
                 missing = sanitize_mod.go_missing(sanitized)
         else:
             checked = bounds.check(ws.path, iters, bound, c.target_speedup)

@@ -113,15 +113,18 @@ def parse_gpus(gpus: str | None) -> list[str] | None:
 def gate_plan(opts: GateOptions, for_verify: bool = False) -> tuple[int, list[str] | None, str | None]:
     """(xdist workers, the gate's GPUs, the bench's GPU) for this host.
 
-    One GPU (or none): today's order, the gate as asked (--workers, default none), the bench after
-    it. Several GPUs: the gate's xdist workers spread over them, and verify keeps the last one for
-    the bench, which then runs beside the gate. Unless --workers says, up to 8 workers a GPU and one
-    for every two CPU cores; the gate starts no more than the file has tests (a cold FLA gate is
-    compile-bound: on the H200 x2, 13 tests over 8 workers waited on the five that ran two tests).
+    No GPU: the gate as asked (--workers, default none). One GPU: the gate's xdist workers share it,
+    the bench runs after the gate. Several GPUs: the workers spread over them, and verify keeps the
+    last one for the bench, which then runs beside the gate. Unless --workers says, up to 8 workers
+    a GPU and one for every two CPU cores; the gate starts no more than the file has tests (a cold
+    FLA gate is compile-bound: on one H200, FLA's 13 delta-rule tests one after another took 1,129 s
+    in pytest; on the H200 x2, 16 workers took 165 s).
     """
     gpus = opts.gpu_list() or evidence.visible_gpus()
-    if len(gpus) < 2:
+    if not gpus:
         return opts.workers, opts.gpu_list(), None
+    if len(gpus) < 2:
+        return opts.workers or gate_mod.xdist_workers(1), opts.gpu_list(), None
     gate_gpus, bench_gpu = (gpus[:-1], gpus[-1]) if for_verify else (gpus, None)
     return opts.workers or gate_mod.xdist_workers(len(gate_gpus)), gate_gpus, bench_gpu
 

@@ -102,14 +102,24 @@ def explain_cmd(
         raise UsageError(f"no kept iteration {'to explain' if iter_n is None else iter_n}",
                          "`flaloop status OP` lists the iterations; explain one whose status is keep")
     console = human(as_json)
-    doc = explain.take(target, c, it, steps=steps, command=command_line(),
-                       on_event=lambda kind, **i: console.print(f"  profiling the {i.get('side')} side: "
-                                                                f"{i.get('cells')} cells x {i.get('steps')} steps ..."))
+    doc = explain.take(target, c, it, steps=steps, command=command_line(), on_event=explain_events(console))
     if as_json:
         emit_json({"ok": True, **doc})
     else:
         print_explanation(doc)
     raise typer.Exit(1 if doc["blocked"] else 0)
+
+
+def explain_events(console):
+    """explain's progress: each side as it starts, and each cell as the profile step reaches it."""
+
+    def on_event(kind: str, **i) -> None:
+        if kind == "side":
+            console.print(f"  profiling the {i['side']} side: {i['cells']} cells x {i['steps']} steps ...")
+        elif kind == "cell":
+            console.print(f"    {i['side']}: {i['cell']}")
+
+    return on_event
 
 
 def print_explanation(doc: dict) -> None:

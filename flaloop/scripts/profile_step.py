@@ -173,17 +173,22 @@ def profile_cells(args) -> dict:
     n = max(1, args.steps)
     cells = {}
     for spec in json.loads(args.cells):
+        print(f"flaloop-cell {spec['id']}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         cell, setup = _setup(worker, spec)
+        t1 = time.perf_counter()
         s = cell.sets[0]
         for _ in range(2):  # warm: compiled, tuned, allocator settled
             cell.call(s)
         _sync(torch, cell)
+        t2 = time.perf_counter()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cell.is_cuda else [])
         with tprofile(activities=activities) as prof:
             for _ in range(n):
                 with record_function(STEP):
                     cell.call(s)
                     _sync(torch, cell)
+        t3 = time.perf_counter()
         if cell.is_cuda:
             trace = out / f"trace-{args.side}-{len(cells)}.json"
             prof.export_chrome_trace(str(trace))
@@ -198,7 +203,11 @@ def profile_cells(args) -> dict:
         cells[str(spec["id"])] = {"kernels": kernels, "steps": n, "step_ms": step_totals,
                                   "device_ms": sum(k["ms"] for k in kernels),
                                   "launches": sum(k["launches"] for k in kernels),
-                                  "timer": (setup or {}).get("timer")}
+                                  "timer": (setup or {}).get("timer"),
+                                  # where this cell's time went (a slow explain says which part)
+                                  "wall_s": {"setup": round(t1 - t0, 3), "warm": round(t2 - t1, 3),
+                                             "profiled": round(t3 - t2, 3), "trace": round(time.perf_counter() - t3, 3),
+                                             "tuning_in_setup": bool((setup or {}).get("tuning"))}}
         worker.handle("release", {"cell": spec["id"]})
     return {"hello": hello, "device": hello.get("device"), "cells": cells}
 
