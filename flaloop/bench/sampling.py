@@ -31,6 +31,8 @@ from flaloop.bench.analysis import settled
 from flaloop.bench.model import BenchConfig, CellResult, Pair
 from flaloop.bench.workers import WorkerFailed
 from flaloop.evidence import ClockReading
+from flaloop.guard import dynamic
+from flaloop.guard.findings import apply_allowances
 
 if TYPE_CHECKING:
     from flaloop.bench.session import Session
@@ -62,7 +64,8 @@ def setup_pair(s: Session, res: CellResult, placements: int) -> bool:
     k = None if s.round == 0 and s.out.primed else res.k
     built = res.setup.setdefault("placements", [])
     for side in s.order():
-        r = s.setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto", placements)
+        r = s.setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto", placements,
+                    reference=s.cfg.probes)
         if not r.get("ok"):
             s.fail(res, side, r)
             return False
@@ -140,12 +143,46 @@ def sample_cell(s: Session, res: CellResult, t0: float) -> None:
                 e = res.eager.setdefault(side, {"host_ms": [], "wall_ms": []})
                 e["host_ms"] += r["host_ms"]
                 e["wall_ms"] += r["wall_ms"]
+    if s.cfg.probes:
+        self_check(s, res)
     kept = sum(x.dropped is None for x in mine)
+    if res.status == "blocked":
+        return None
     if kept < 2:
         res.status = "failed"
         res.reason = f"round {s.round + 1}: only {kept} usable pairs ({len(mine) - kept} dropped)"
     else:
         res.status = "ok"  # for now: the pooled count is judged after the last round
+    return None
+
+
+def self_check(s: Session, res: CellResult) -> None:
+    """Each side of this round's pair, after its samples, against what it computed at setup (the
+    graph's outputs after one more replay, one more eager call, inputs changed in place). The
+    warm-up's checks ran in another process and after a few calls; a candidate whose results
+    change once it has been called many times, or has lived long, or has been captured, shows
+    here. The candidate's change blocks the cell; one the base shows too is reported, not blocking
+    (an op whose results vary from call to call beyond the tolerance on both sides)."""
+    t0 = time.monotonic()
+    replies = s.ask_both("selfcheck", s.cfg.worker_timeout,
+                         {side: {"cell": res.cell.id, "tol": s.cfg.diff_tol} for side in s.order()})
+    s.out.probe_seconds += time.monotonic() - t0
+    for side, r in replies.items():
+        if not r.get("ok"):
+            return s.fail(res, side, r)
+    res.probes.setdefault("self_check", []).append(
+        {"round": s.round + 1, **{side: {k: r.get(k) for k in ("match", "checks", "seconds")}
+                                  for side, r in replies.items()}})
+    changed = {side: [name for name, c in (r.get("checks") or {}).items() if c.get("match") is False]
+               for side, r in replies.items()}
+    if not changed.get("cand"):
+        return None
+    f = dynamic.self_check_finding(res.cell.id, s.round + 1, changed["cand"], replies["cand"]["checks"],
+                                   pre_existing=bool(changed.get("base")))
+    (f,) = apply_allowances([f], s.allowed)
+    res.findings.append(f)
+    if f.blocking:
+        res.status, res.reason = "blocked", f"guard: {f.rule}"
     return None
 
 

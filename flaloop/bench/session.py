@@ -389,8 +389,14 @@ class Session:
 
     # -- helpers of both phases (the warm-up: bench/warmup.py; the sampling: bench/sampling.py) --
 
-    def setup(self, res: CellResult, side: str, k: int | None, timer: str, placements: int = 1) -> dict:
-        return self.ask(side, "setup", self.cfg.worker_timeout, cell=res.cell.to_wire(self.cfg, k, timer, placements))
+    def setup(self, res: CellResult, side: str, k: int | None, timer: str, placements: int = 1,
+              reference: bool = False) -> dict:
+        """Set the cell up on one side; with `reference` (a measuring pair, probes on) the worker
+        keeps the results the self-check after the samples compares with (bench/sampling.py)."""
+        cell = res.cell.to_wire(self.cfg, k, timer, placements)
+        if reference:
+            cell["reference"] = True
+        return self.ask(side, "setup", self.cfg.worker_timeout, cell=cell)
 
     def cell_failed(self, res: CellResult, exc: WorkerFailed) -> None:
         self.out.errors.append(f"{res.cell.id}: {exc.message}\n{exc.stderr[-3000:]}")

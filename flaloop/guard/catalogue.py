@@ -173,6 +173,12 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "a result that beats the device's copy bandwidth or GEMM rate on the bytes and FLOPs the op must "
          "move is not computed (docs/ROOFLINE.md).",
          "check what the candidate skips"),
+    Rule("self-check", BLOCK, "a measuring process computes otherwise after its timed samples than before them",
+         "the warm-up's checks and probes run in another process, after a few calls; an op that changes "
+         "once it has been called many times, has lived long, sees the same input objects again or was "
+         "captured into a graph (a cache, a counter, a skipped step) is measured doing something the "
+         "checks never saw.",
+         "compute every call the same way from its inputs, whatever came before it"),
     Rule("probe-error", WARN, "a probe could not run on this cell",
          "a probe that fails checks nothing.",
          "read the worker's stderr in the run directory"),

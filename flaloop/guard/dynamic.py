@@ -201,6 +201,28 @@ def numeric_differences(base: dict, cand: dict, labels: tuple[str, str] = ("base
     return out
 
 
+SELF_CHECKS = {"replay": "the graph's outputs after one more replay", "eager": "one more eager call",
+               "mutated": "a call on inputs changed in place"}
+
+
+def self_check_finding(cell: str, round_no: int, changed: list[str], checks: dict,
+                       pre_existing: bool = False) -> Finding:
+    """The candidate's measuring process, after its samples, no longer reproduced what it computed
+    at setup; warn only when the base's did not either (then the op varies, not the candidate)."""
+    parts = []
+    for name in changed:
+        worst = sorted(((t.get("rel_rms") if t.get("rel_rms") is not None else float("inf"), n)
+                        for n, t in (checks.get(name) or {}).get("tensors", {}).items() if not t.get("match")),
+                       reverse=True)[:2]
+        what = ", ".join(f"{n} rel-RMS {r:.3g}" if r != float("inf") else f"{n} missing or non-finite"
+                         for r, n in worst)
+        parts.append(f"{SELF_CHECKS.get(name, name)} differs from setup's ({what})")
+    msg = f"round {round_no}, after the timed samples: " + "; ".join(parts)
+    if pre_existing:
+        msg += " (the base's process changed too: reported, not blocking)"
+    return finding("self-check", msg, cell, severity="warn" if pre_existing else None)
+
+
 def implausible(cell: str, cand_ms: float | None, floor_ms: float | None) -> Finding | None:
     """The candidate's median device time below the roofline floor of the cell (5% slack for the
     ceilings' own measurement error)."""

@@ -24,7 +24,7 @@ import traceback
 import torch
 
 from . import timing
-from .compare import diff_stats, flatten_outputs, same_bits
+from .compare import compare_results, diff_stats, flatten_outputs, same_bits
 from .inputs import CellSpec, InputSet, nbytes, nonfinite
 from .protocol import short_error
 from .tuning import tuning_added, tuning_snapshot
@@ -75,6 +75,11 @@ class BuiltCell:
         self.per_call_ms_estimate = None
         self.extra_kwarg_names: list[str] = []
         self.tuning: dict = {}
+        # the self-check's references (setup's "reference": a measuring process asks for them):
+        # set 0's results and its results on inputs changed in place, taken before any timed sample
+        self.want_reference = bool(spec.get('reference'))
+        self.reference: dict | None = None
+        self.reference_mutated: dict | None = None
 
     # -- building -----------------------------------------------------------------------------------
 
@@ -131,6 +136,9 @@ class BuiltCell:
             self._set_k(self._estimate_per_call_ms())
         if self.is_cuda and self.placements_req > 1:
             self._add_placements(varlen_kw, max(self._held_bytes() - held_before, self.n_sets * self.set_bytes))
+        if self.want_reference:
+            self.reference = {k: v.clone() for k, v in self.results(self.sets[0]).items()}
+            self.reference_mutated = self.results_mutated()
 
         return {
             'cell': self.id, 'timer': self.timer, 'k': self.k, 'n_sets': self.n_sets, 'set_bytes': self.set_bytes,
@@ -195,6 +203,23 @@ class BuiltCell:
             with torch.no_grad():
                 for t, dim in rolled:
                     t.copy_(t.roll(-1, dims=dim))
+
+    def self_check(self, tol: float) -> dict:
+        """After the timed samples: does this process still compute what it computed before them?
+        Three readings of set 0 against the references taken at setup: the graph's outputs after one
+        more replay (under the graph timer), one more eager call, and the results on inputs changed
+        in place. Behaviour keyed on the number of calls, the process's age, the inputs' identity or
+        the capture state shows here, after the warm-up's checks and the probes have passed."""
+        if self.reference is None:
+            raise ValueError(f'cell {self.id} was set up without "reference": nothing to check against')
+        checks = {}
+        if self.timer == 'cuda_graph' and self.graph is not None and 0 in (self.static or {}):
+            timing.replay(self.graph)
+            self._sync()
+            checks['replay'] = compare_results({k: v.detach() for k, v in self.static[0].items()}, self.reference, tol)
+        checks['eager'] = compare_results(self.results(self.sets[0]), self.reference, tol)
+        checks['mutated'] = compare_results(self.results_mutated(), self.reference_mutated, tol)
+        return {'match': all(c.get('match') for c in checks.values()), 'checks': checks}
 
     def calls(self, m: int, sets: list[InputSet] | None = None) -> None:
         """m eager calls, call j on set j % n_sets (of placement 0, or of `sets`)."""

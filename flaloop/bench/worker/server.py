@@ -1,6 +1,7 @@
 """The worker process: one side (base or candidate) of a paired benchmark, serving requests.
 
-Commands (``WorkerServer.cmd_*``): hello, setup, probe, sample, eager, dump, compare, unshare, release, quit.
+Commands (``WorkerServer.cmd_*``): hello, setup, probe, sample, eager, selfcheck, dump, compare, unshare,
+release, quit.
 """
 
 from __future__ import annotations
@@ -221,6 +222,16 @@ class WorkerServer:
             wall.append(w)
         self.watch.check()
         return {'cell': cell.id, 'timer': cell.timer, 'k': cell.k, 'times_ms': dev, 'wall_ms': wall}
+
+    def cmd_selfcheck(self, req: dict) -> dict:
+        """The cell's self-check after its timed samples (BuiltCell.self_check)."""
+        cell = self._cell(req)
+        self.watch.check()
+        t0 = time.perf_counter()
+        reply = {'cell': cell.id, **cell.self_check(float(req.get('tol', 1e-3)))}
+        reply['seconds'] = time.perf_counter() - t0
+        self.watch.check()
+        return reply
 
     def cmd_eager(self, req: dict) -> dict:
         cell = self._cell(req)
