@@ -21,6 +21,7 @@ import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 # Throttle reasons that mean "this pair was not measured at the clock you think": everything
 # but GPU idle and the applications-clocks setting (which is just the configured ceiling).
@@ -136,6 +137,14 @@ class Clocks:
                                     "kind": "compute" if "Compute" in getter else "graphics"}
         return sorted(seen.values(), key=lambda d: d["pid"])
 
+    def memory_used_mib(self) -> int | None:
+        if not self.available:
+            return None
+        try:
+            return round(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20)
+        except Exception:  # noqa: BLE001
+            return None
+
     def mem_max_mhz(self) -> int | None:
         if not self.available:
             return None
@@ -228,13 +237,18 @@ def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: 
         return {"available": False, "reason": "NVML gave no reading"}
     out = _summarize(readings)
     ours = {int(p) for p in own_pids}
-    procs = clocks.processes() or []
-    others = [p for p in procs if p["pid"] not in ours]
+    occ = occupancy(clocks, ours)
+    others = occ["foreign"] if occ else []
     idle_clock = any(int(r.get("throttle_reasons") or 0) & 0x1 for r in readings)
     at_clock = (out["sm_fraction_min"] or 0) >= IDLE_CLOCK_FLOOR or idle_clock
+    visible = bool(occ and occ["visible"])
     out.update(mem_max_mhz=clocks.mem_max_mhz(), other_processes=others, own_processes=sorted(ours),
-               idle=bool(at_clock and not out["n_throttled"] and not others))
+               processes_visible=visible, memory_used_mib=occ and occ["used_mib"],
+               # unknown (None) when the process list is blind: another process may be there unseen
+               idle=bool(at_clock and not out["n_throttled"] and not others) if visible or not ours else None)
     why = []
+    if not visible and ours:
+        why.append(BLIND)
     if not at_clock:
         why.append(f"SM clock at {out['sm_fraction_min']:.0%} of max")
     if out["n_throttled"]:
@@ -255,6 +269,68 @@ def during_evidence(readings: Iterable) -> dict:
     below = [r for r in rs if r.get("sm_max_mhz") and r["sm_mhz"] / r["sm_max_mhz"] < IDLE_CLOCK_FLOOR]
     out["n_below_floor"] = len(below)
     return out
+
+
+BLIND = ("NVML lists no process on the GPU, not even flaloop's workers (a container without the host's "
+         "PID namespace?): whether another process shares it cannot be seen here")
+
+
+def process_name(pid: int) -> str | None:
+    """The command name of `pid` as this machine's /proc shows it (None when it cannot)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def occupancy(clocks: Clocks | None, own_pids: Iterable[int]) -> dict | None:
+    """Who is on the GPU now: the compute and graphics processes that are not ours (`own_pids`),
+    with their memory and name, and the device's used memory. `visible` is False when NVML lists
+    none of our own processes although they are there (then a foreign one would not show either).
+    None without NVML."""
+    if clocks is None or not clocks.available:
+        return None
+    listed = clocks.processes()
+    if listed is None:
+        return None
+    ours = {int(p) for p in own_pids}
+    foreign = [{**p, "name": process_name(p["pid"])} for p in listed if p["pid"] not in ours]
+    seen_ours = [p["pid"] for p in listed if p["pid"] in ours]
+    return {"foreign": foreign, "visible": bool(seen_ours) or not ours, "own_listed": seen_ours,
+            "used_mib": clocks.memory_used_mib()}
+
+
+def contention(pairs: Iterable, idle: dict | None = None) -> dict:
+    """What the pairs' occupancy samples say (model.Pair.foreign: the foreign pids seen after each
+    pair, None where it could not be seen): how many pairs ran beside another process, and who."""
+    ps = list(pairs)
+    seen = [p for p in ps if p.foreign is not None]
+    hit = [p for p in seen if p.foreign]
+    who: dict[int, int] = {}
+    for p in hit:
+        for pid in p.foreign:
+            who[pid] = who.get(pid, 0) + 1
+    names = {o["pid"]: o for o in (idle or {}).get("other_processes") or []}
+    out = {"pairs": len(ps), "observed": len(seen), "contended": len(hit),
+           "processes": [{"pid": pid, "pairs": n, "name": (names.get(pid) or {}).get("name") or process_name(pid),
+                          "used_mib": (names.get(pid) or {}).get("used_mib")} for pid, n in sorted(who.items())]}
+    if idle and idle.get("available") and idle.get("processes_visible") is False:
+        out["blind"] = BLIND
+    out["state"] = ("contended" if hit or (idle or {}).get("other_processes") else
+                    "unknown" if out.get("blind") or not seen else "exclusive")
+    return out
+
+
+def contention_line(c: dict | None) -> str | None:
+    """One line for the table and the report; None when the GPU was ours alone (or no GPU)."""
+    if not c or c.get("state") == "exclusive" or not c.get("pairs"):
+        return None
+    if c["state"] == "unknown":
+        return "contention unknown: " + (c.get("blind") or "no occupancy sample during the pairs")
+    who = ", ".join(f"pid {p['pid']}" + (f" ({p['name']})" if p.get("name") else "")
+                    + (f", {p['used_mib']} MiB" if p.get("used_mib") else "") for p in c["processes"]) or \
+        "a process seen before measuring"
+    return f"CONTENDED: {c['contended']} of {c['pairs']} pairs ran beside another process on the GPU: {who}"
 
 
 def readings_of(record) -> list[dict]:

@@ -35,6 +35,7 @@ from flaloop.bench import record as record_mod
 from flaloop.bench.model import cli_args
 from flaloop.bench.record import RunRecord
 from flaloop.errors import UsageError
+from flaloop.evidence import contention_line
 
 WIN = ("improvement", "trade-off")
 STATE_KEYS = ("head", "dirty", "diff_hash")
@@ -325,8 +326,11 @@ def risks(rows: list[dict], record: RunRecord, env: dict, aa: dict | None, profi
     if env.get("device") == "cpu":
         out.append("measured on the CPU: no GPU evidence")
     idle = env.get("idle") or {}
-    if idle.get("available") and not idle.get("idle"):
+    if idle.get("available") and idle.get("idle") is False:
         out.append("GPU not idle before measuring: " + "; ".join(idle.get("not_idle_because") or []))
+    shared = contention_line(env.get("contention"))
+    if shared:
+        out.append(shared)
     if aa is None:
         out.append("no A/A self-check of this base in the records (`flaloop bench OP --aa`)")
     if profile is None:

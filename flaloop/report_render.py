@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from flaloop.evidence import contention_line
+
 
 def _f(x, spec: str = ".4f", none: str = "-") -> str:
     return none if x is None else format(x, spec)
@@ -281,7 +283,8 @@ def _clock_line(label: str, ev: dict) -> str:
         others = ev.get("other_processes") or []
         parts.append(f"{len(others)} other process(es) on the GPU")
     if "idle" in ev:
-        parts.append("IDLE" if ev["idle"] else "NOT IDLE: " + "; ".join(ev.get("not_idle_because") or []))
+        why = "; ".join(ev.get("not_idle_because") or [])
+        parts.append("IDLE" if ev["idle"] else f"idle unknown: {why}" if ev["idle"] is None else f"NOT IDLE: {why}")
     if "n_readings" in ev:
         parts.append(f"{ev['n_readings']} readings")
     return f"- {label}: " + ", ".join(parts)
@@ -296,6 +299,12 @@ def _environment(doc: dict) -> list[str]:
     out = _table(["", ""], [[k, v] for k, v in keys if v]) + [""]
     out.append(_clock_line("Idle before measuring", env.get("idle") or {}))
     out.append(_clock_line("During the pairs", env.get("during") or {}))
+    shared = contention_line(env.get("contention"))
+    if shared:
+        out.append(f"- Sharing: {shared}")
+    elif (env.get("contention") or {}).get("state") == "exclusive":
+        c = env["contention"]
+        out.append(f"- Sharing: no other process on the GPU after any of the {c['observed']} pairs")
     return out
 
 

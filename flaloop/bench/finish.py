@@ -67,6 +67,8 @@ def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None =
         guard=_guard(plan, m), summary=summary, cells=m.results)
     if not m.interrupted and m.env:
         record.env["during"] = evidence.during_evidence(evidence.readings_of(record))
+    if m.env and m.env.get("device") == "cuda":
+        record.env["contention"] = evidence.contention([p for c in record.cells for p in c.pairs], m.env.get("idle"))
         if m.ceilings_error:
             record.errors.append(f"roofline ceilings not measured: {m.ceilings_error}")
         ceilings = roofline.Ceilings.from_dict(m.ceilings) if m.ceilings else None

@@ -90,6 +90,12 @@ class BenchConfig:
     # placements take at most a quarter of the free GPU memory; 1 turns this off (the CPU always has 1).
     placements: int = opt(4, "Build each cell this many times in every measuring worker (own inputs and "
                              "graph memory) and rotate the pairs over them (1: off).")
+    # Another process on the GPU moves both sides' times (the H200: 8-pair intervals of [0.93, 1.41]
+    # on an A/A estimate of 1.0004 beside a foreign pytest). Every pair is marked by who else was on
+    # the GPU (evidence.occupancy); --exclusive waits for the GPU to be ours alone, or refuses.
+    exclusive: bool = opt(False, "Measure only while no other process is on the GPU: wait up to "
+                                 "--exclusive-wait seconds for it to leave, else exit 3.")
+    exclusive_wait: float = opt(300.0, "Seconds --exclusive waits for another process to leave the GPU.")
     # The guard's probes on every cell (docs/GUARD.md); --no-probes is for measuring their cost.
     probes: bool = opt(True, "The guard's dynamic probes on every cell (--no-probes: to measure their cost; "
                              "the result is then unguarded).")
@@ -287,6 +293,8 @@ class Pair:
     base_wall_ms: float | None = None
     cand_wall_ms: float | None = None
     placement: int = 0  # which of the cell's placements both sides timed (BenchConfig.placements)
+    # pids of processes not ours on the GPU right after the pair (None: NVML could not tell)
+    foreign: list[int] | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> Pair:

@@ -198,9 +198,14 @@ def pair(s: Session, res: CellResult, lead: str, placement: int) -> Pair | None:
         t[side] = times[0]
         wall[side] = (r.get("wall_ms") or [None])[0]
     after = s.clock()
+    occ = s.occupancy()
+    foreign = [o["pid"] for o in occ["foreign"]] if occ and occ["visible"] else None
+    dropped = drop_reason(s.cfg, before, after)
+    if dropped is None and foreign and s.cfg.exclusive:  # --exclusive keeps only pairs the GPU was ours for
+        dropped = "another process on the GPU: pid " + ", ".join(map(str, foreign))
     return Pair("AB" if lead == "base" else "BA", t["base"], t["cand"], before and before.to_dict(),
-                after and after.to_dict(), drop_reason(s.cfg, before, after), round=s.round,
-                base_wall_ms=wall["base"], cand_wall_ms=wall["cand"], placement=placement)
+                after and after.to_dict(), dropped, round=s.round,
+                base_wall_ms=wall["base"], cand_wall_ms=wall["cand"], placement=placement, foreign=foreign)
 
 
 def drop_reason(cfg: BenchConfig, before: ClockReading | None, after: ClockReading | None) -> str | None:

@@ -39,7 +39,7 @@ from flaloop.bench.model import BenchConfig, Cell, CellResult
 from flaloop.bench.pool import WorkerPool
 from flaloop.bench.workers import WorkerClient, WorkerFailed
 from flaloop.errors import MeasurementError
-from flaloop.evidence import ClockReading, Clocks, fingerprint, idle_evidence
+from flaloop.evidence import BLIND, ClockReading, Clocks, fingerprint, idle_evidence, occupancy
 from flaloop.guard import dynamic
 from flaloop.guard.findings import Finding, apply_allowances
 
@@ -193,6 +193,7 @@ class Session:
                 for res in todo:
                     if self.blocked_run():
                         break
+                    self.wait_exclusive(f"measuring {res.cell.id} (round {rnd + 1})")
                     sampling.measure_cell(self, res)
                     self.mark(f"round {rnd + 1}: {res.cell.id} measured")
                 self.close_workers()
@@ -386,6 +387,41 @@ class Session:
 
     def clock(self) -> ClockReading | None:
         return self.clocks.read() if self.clocks else None
+
+    def own_pids(self) -> set[int]:
+        """Processes of ours that may hold the GPU: the workers (and their server), and this one."""
+        return set(self.pool.pids() if self.pool is not None else []) | {os.getpid()}
+
+    def occupancy(self) -> dict | None:
+        """Who else is on the GPU now (evidence.occupancy); None without NVML."""
+        return occupancy(self.clocks, self.own_pids()) if self.clocks else None
+
+    def wait_exclusive(self, stage: str) -> None:
+        """--exclusive: before `stage`, wait until no other process is on the GPU (a line every
+        30 s says who is there), at most cfg.exclusive_wait seconds; then refuse (exit 3). A GPU
+        whose process list cannot be seen is refused at once: exclusivity cannot be shown."""
+        if not self.cfg.exclusive or not self.clocks or not self.clocks.available:
+            return
+        t0 = time.monotonic()
+        said = -1e9
+        while True:
+            occ = self.occupancy()
+            if occ is None or not occ["visible"]:
+                raise MeasurementError("--exclusive: " + BLIND,
+                                       "run without --exclusive (pairs are then marked, not refused)")
+            if not occ["foreign"]:
+                return
+            who = ", ".join(f"pid {o['pid']}" + (f" ({o['name']})" if o.get("name") else "")
+                            + (f" {o['used_mib']} MiB" if o.get("used_mib") else "") for o in occ["foreign"])
+            waited = time.monotonic() - t0
+            if waited >= self.cfg.exclusive_wait:
+                raise MeasurementError(f"--exclusive: the GPU was not free for {waited:.0f}s before {stage}: {who}",
+                                       "wait for it, or run without --exclusive (pairs are then marked contended)")
+            if waited - said >= 30:
+                self.on_event("exclusive-wait", stage=stage, who=who, waited=waited, limit=self.cfg.exclusive_wait)
+                said = waited
+            self.check_cancel()
+            time.sleep(min(1.0, max(0.1, self.cfg.exclusive_wait - waited)))
 
     # -- helpers of both phases (the warm-up: bench/warmup.py; the sampling: bench/sampling.py) --
 

@@ -205,6 +205,10 @@ def bench_events(bar, task, cfg: BenchConfig, prefix: str = "bench"):
         elif kind == "pair":
             bar.update(task, description=f"{prefix}: pairs {info['cell']}", completed=info["n"],
                        total=cfg.max_pairs, last=f"{info['kept']} kept")
+        elif kind == "exclusive-wait":
+            bar.update(task, description=f"{prefix}: --exclusive: waiting for the GPU ({info['who']})",
+                       completed=0, total=None,
+                       last=f"{info['waited']:.0f} of {info['limit']:.0f} s, before {info['stage']}")
 
     return on_event
 

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from flaloop import gate as gate_mod
 from flaloop.bench.record import RunRecord
+from flaloop.evidence import contention_line
 from flaloop.guard.findings import Finding
 
 
@@ -106,6 +107,9 @@ def print_bench(record: RunRecord, console: Console) -> None:
     console.print(" | ".join(parts))
     if env.get("nvml") not in (None, "ok", "no GPU"):
         console.print(f"[yellow]no clock evidence: {escape(str(env['nvml']))}[/]", markup=True)
+    shared = contention_line(env.get("contention"))
+    if shared:
+        console.print(f"[yellow]{escape(shared)}[/]", markup=True)
     last = record.last_gate
     if record.unverified and last:
         state = "GREEN" if last["green"] else "RED"
