@@ -153,11 +153,19 @@ def ensure_ignored(root: Path, relpath: str) -> bool:
     return True
 
 
+OWNER_FILE = ".flaloop-owner"  # "<pid> <host>" of the process a temp dir of ours belongs to
+OWNED_PREFIXES = ("flaloop-wt-", "flaloop-gate-")
+
+
 def neutral_tempdir(prefix: str = "flaloop-") -> Path:
-    """A fresh temp dir whose path contains neither `tests/` nor `test_` (see POISON_BLIND_MARKERS)."""
+    """A fresh temp dir whose path contains neither `tests/` nor `test_` (see POISON_BLIND_MARKERS).
+    It names its owner (this process) in OWNER_FILE, so that a run killed outright leaves nothing
+    the next run does not remove (`reap_stale_tempdirs`)."""
     for _ in range(20):
         d = Path(tempfile.mkdtemp(prefix=prefix))
         if not any(m in f"{d}/" for m in POISON_BLIND_MARKERS):
+            if prefix in OWNED_PREFIXES:
+                (d / OWNER_FILE).write_text(f"{os.getpid()} {socket.gethostname()}\n")
             return d
         shutil.rmtree(d, ignore_errors=True)
     raise UsageError(
@@ -269,6 +277,37 @@ def reap_stale_worktrees(root: Path) -> list[tuple[int, str]]:
         if entry.path not in list_worktrees(root):
             reaped.append((pid, entry.path))
     return reaped
+
+
+def reap_stale_tempdirs(tmp: Path | None = None) -> list[Path]:
+    """Remove the temp dirs of ours (worktrees' and gates') whose owner on this host is dead: a
+    flaloop, or a Ray task, killed outright. Only a pid that no longer exists counts as dead (a
+    live one of any kind is left alone: it may be a test process running flaloop in-process); a
+    dir without an owner file is not touched. The worktree's registration in its repository is
+    removed by that repository's next run (`reap_stale_worktrees`)."""
+    tmp = Path(tmp or tempfile.gettempdir())
+    host, gone = socket.gethostname(), []
+    for prefix in OWNED_PREFIXES:
+        for d in tmp.glob(f"{prefix}*"):
+            try:
+                pid, where = (d / OWNER_FILE).read_text().split()
+                dead = where == host and not _exists(int(pid))
+            except (OSError, ValueError):
+                continue
+            if dead:
+                shutil.rmtree(d, ignore_errors=True)
+                gone.append(d)
+    return gone
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def changed_since(root: Path, commit: str) -> list[tuple[str, str, str]]:

@@ -125,7 +125,8 @@ def test_a_worker_whose_parent_dies_exits_by_its_own_watchdog(toy):
 def test_a_killed_gate_takes_pytest_and_its_xdist_workers_along(toy, tmp_path):
     sleepy(toy)
     mark = tmp_path / "mark"
-    # a killed gate leaves its small temp dir behind (docs/RELIABILITY.md): not in the real /tmp
+    # a killed gate leaves its small temp dir behind, which the next run removes (its owner is
+    # dead); in a private TMPDIR, so that the listing below sees this run's only
     private = Path(tempfile.mkdtemp(prefix="killed-gate-"))
     try:
         proc = start(toy, "gate", "toy_attn", "--workers", "2",
@@ -136,6 +137,13 @@ def test_a_killed_gate_takes_pytest_and_its_xdist_workers_along(toy, tmp_path):
         proc.kill()
         proc.communicate()
         assert wait_for(lambda: not [p for p in tree if alive(p)], 5), "pytest or an xdist worker outlived flaloop"
+        left = sorted(d.name for d in private.glob("flaloop-*"))
+        assert [n for n in left if n.startswith("flaloop-gate-")], left
+        git(toy, "checkout", "--", str(FAST))
+        r = flaloop(toy, "bench", "toy_attn", *QUICK, "--modes", "fwd", "--rounds", "1", env={"TMPDIR": str(private)})
+        assert r.code == 0, r.stderr
+        assert not list(private.glob("flaloop-gate-*")) and not list(private.glob("flaloop-wt-*")), \
+            sorted(d.name for d in private.iterdir())
     finally:
         shutil.rmtree(private, ignore_errors=True)
 

@@ -424,4 +424,5 @@ class LockOptions:
                                   on_wait=lambda h: console.print(locks.waiting_message(h, rel))) as me:
             for pid, path in git.reap_stale_worktrees(target.root):
                 console.print(f"removed a worktree left by a killed flaloop run (pid {pid}): {path}")
+            git.reap_stale_tempdirs()
             yield me

@@ -267,6 +267,7 @@ def sweep_cmd(
                                                      on_wait=lambda h, n=name: console.print(locks.waiting_message(h, n))))
         for pid, path in git.reap_stale_worktrees(target.root):
             console.print(f"removed a worktree left by a killed flaloop run (pid {pid}): {path}")
+        git.reap_stale_tempdirs()
         try:
             ex = _executor(executor, address, target, sweep_dir, gpu_list, retries, cancel, console)
         except BaseException:  # ray missing, an unreachable address: nothing ran, no empty sweep left

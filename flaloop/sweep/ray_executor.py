@@ -102,6 +102,7 @@ def measure_on_node(job: dict, bundle: bytes, sweep_id: str, queue) -> dict:
     root = node_root()
     root.mkdir(parents=True, exist_ok=True)
     _reap(root)
+    git.reap_stale_tempdirs()  # the worktrees and gate dirs of tasks killed on this node
     work = root / sweep_id / f"{j.key}-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     (work / OWNER).write_text(f"{os.getpid()} {socket.gethostname()}\n")
