@@ -1,0 +1,108 @@
+"""benchmarks/run.py's integrity suite (issue 23) on FLA's chunk_delta_rule: a bench beside another
+process on the same GPU (marked contended; refused with --exclusive), FLA's fix #988 undone (a
+kernel Triton miscompiles with 4 warps on Hopper, wrong only on shapes the bench does not time),
+and what the guard's work costs a bench (probes, the self-check, the unseen shapes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from harness import (  # benchmarks/ is first on sys.path
+    OP,
+    SMALL,
+    Ctx,
+    cells_line,
+    fla_copy,
+    goal,
+    init,
+    record_of,
+    run,
+    write,
+)
+
+PAIRS = ["--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "10"]
+WY = "fla/ops/delta_rule/wy_fast.py"
+# FLA's fix restricted the kernel to 2 warps on Hopper; undone, its autotuner may pick 4
+FIX_988 = ("NUM_WARPS = [2] if IS_NVIDIA_HOPPER else [2, 4, 8]\n", "NUM_WARPS = [4]\n")
+# another user's job: matmuls on the same GPU for as long as the suite needs
+LOAD = ("import sys, time, torch\n"
+        "a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
+        "end = time.time() + float(sys.argv[1])\n"
+        "while time.time() < end:\n"
+        "    b = a @ a\n"
+        "    torch.cuda.synchronize()\n")
+
+
+def _load(ctx: Ctx, seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", LOAD, str(seconds)], env=ctx.env(gpus=ctx.gpus[:1]),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(8)  # torch imported and the loop running
+    return proc
+
+
+def suite_integrity(ctx: Ctx) -> None:
+    repo = fla_copy(ctx, "integrity")
+    init(ctx, repo, [SMALL])
+    env = ctx.env(gpus=ctx.gpus[:1])
+    d = ctx.out / "integrity"
+    lines: list[str] = []
+
+    # the guard's cost on an A/A of the contract's cells (warms the caches for what follows)
+    code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json", *PAIRS], d / "aa", env=env)
+    rec = record_of(doc) or {}
+    inner = rec.get("wall_s") or wall
+    probe = (rec.get("guard") or {}).get("probe_seconds") or 0.0
+    unseen = (rec.get("unseen") or {}).get("seconds") or 0.0
+    checks = [side.get("seconds") or 0.0 for c in rec.get("cells") or []
+              for r in (c.get("probes") or {}).get("self_check") or [] for side in (r.get("base") or {}, r.get("cand") or {})]
+    share = 100 * (probe + unseen) / max(inner, 1e-9)
+    lines.append(f"A/A: exit {code} in {wall:.1f}s (bench {inner}s): probes and self-check {probe:.1f}s "
+                 f"(self-check {sum(checks):.2f}s over {len(checks)} readings), unseen shapes {unseen:.1f}s: "
+                 f"{share:.1f}% of the bench; contention {(rec.get('env') or {}).get('contention')}")
+    lines += cells_line(rec)
+    goal("guard cost", share <= 20, f"{share:.1f}% of the bench's wall time (goal <= 20%)")
+
+    # beside another process's matmuls: marked contended, and refused with --exclusive
+    load = _load(ctx, 240)
+    try:
+        code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json", *PAIRS], d / "shared", env=env)
+        rec = record_of(doc) or {}
+        cont = (rec.get("env") or {}).get("contention") or {}
+        idle = (rec.get("env") or {}).get("idle") or {}
+        lines.append(f"beside a load (pid {load.pid}): exit {code} in {wall:.1f}s; idle {idle.get('idle')} "
+                     f"(visible {idle.get('processes_visible')}); contention {cont}")
+        lines += cells_line(rec)
+        goal("contended", cont.get("state") == "contended" and any(p["pid"] == load.pid for p in cont.get("processes") or []),
+             f"state {cont.get('state')}, {cont.get('contended')} of {cont.get('pairs')} pairs, "
+             f"processes {cont.get('processes')}")
+        code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json", "--exclusive",
+                                    "--exclusive-wait", "20", *PAIRS], d / "exclusive", env=env)
+        lines.append(f"--exclusive beside the load: exit {code} in {wall:.1f}s: {((doc or {}).get('error') or '')[:300]}")
+        goal("exclusive refuses", code == 3, f"exit {code} in {wall:.0f}s")
+    finally:
+        load.kill()
+        load.wait()
+
+    # FLA #988 undone: bench alone must block it, naming a shape it does not time
+    p = repo / WY
+    src = p.read_text()
+    if src.count(FIX_988[0]) != 1:
+        lines.append(f"#988: cannot undo it here ({WY} changed)")
+    else:
+        p.write_text(src.replace(*FIX_988))
+        try:
+            code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--json", *PAIRS], d / "fix988", env=env)
+        finally:
+            p.write_text(src)
+        rec = record_of(doc) or {}
+        found = [f for f in (rec.get("guard") or {}).get("findings") or [] if f.get("blocking")]
+        lines.append(f"#988 undone: exit {code} in {wall:.1f}s, verdicts {[c.get('verdict') for c in rec.get('cells') or []]}")
+        for f in found[:4]:
+            lines.append(f"    {f['rule']} {f.get('cell')}: {f['message'][:300]}")
+        lines += cells_line(rec)
+        goal("#988 blocked by bench", code == 1 and any(f["rule"] == "unseen-shape-differs" for f in found),
+             f"exit {code}, blocking rules {sorted({f['rule'] for f in found})}")
+    write(d / "summary.txt", "\n".join(lines) + "\n")
+    print("\n".join(lines))
