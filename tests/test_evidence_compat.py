@@ -18,7 +18,7 @@ from flaloop.evidence import ClockReading
 
 
 class FakeGPU:
-    """What evidence needs of evidence.Clocks: readings, processes, the memory clock's max."""
+    """What evidence needs of evidence.Clocks: readings, processes, used memory, the memory clock's max."""
 
     def __init__(self, readings, procs=()):
         self.readings, self.procs, self.error = list(readings), list(procs), None
@@ -33,6 +33,9 @@ class FakeGPU:
 
     def mem_max_mhz(self):
         return 3201
+
+    def memory_used_mib(self):
+        return 1024
 
 
 def reading(sm=1980, reasons=0, temp=40, power=120.0):
