@@ -134,22 +134,25 @@ class Unseen(Script):
 
 
 def test_the_warm_up_skips_what_the_base_refuses_and_blocks_what_the_candidate_gets_wrong(tmp_path):
-    names = ["REFUSED-B1-T1-H1-D512", "OK-B2-T17-H3-D24", "WRONG-B3-T63-H2-D16", "FAILS-B1-T100-H1-D40"]
-    plan = {"n": 4, "seed": 7, "dtype": "bfloat16", "tol": 0.005, "modes": ["fwd", "fwdbwd"], "off": None,
+    names = ["REFUSED-B1-T1-H1-D512", "OK-B2-T17-H3-D24", "WRONG-B3-T63-H2-D16", "FAILS-B1-T100-H1-D40",
+             "DIES-B2-T2-H1-D16", "NEVER-B1-T7-H2-D48"]
+    plan = {"n": 6, "seed": 7, "dtype": "bfloat16", "tol": 0.005, "modes": ["fwd", "fwdbwd"], "off": None,
             "shapes": [{"name": n, "shape": {"B": 1, "T": 8, "H": 1, "D": 4}, "seqlens": None} for n in names]}
-    script = Unseen()
+    script = Unseen(crash=("cand", "dump", 7))  # the candidate's worker dies at DIES/fwd: the check stops there
     s = Session(op="op", cells=CELLS[:1], config=BenchConfig(device="cpu", probes=False, min_pairs=8, rounds=1),
                 trees={"base": tmp_path / "b", "cand": tmp_path / "c"}, launcher=FakeLauncher(script),
                 run_dir=tmp_path / "run", unseen=plan)
     out = s.run()
     u = out.unseen
     status = {(shp["name"].split("-")[0], mode): v["status"] for shp in u["shapes"] for mode, v in shp["modes"].items()}
-    assert status == {(k, m): v for k, v in (("REFUSED", "skipped"), ("OK", "match"), ("WRONG", "differs"),
-                                             ("FAILS", "differs")) for m in ("fwd", "fwdbwd")}
-    assert (u["checked"], u["differ"], u["skipped"], u["seed"]) == (6, 4, 2, 7) and u["seconds"] >= 0
+    assert status == {**{(k, m): v for k, v in (("REFUSED", "skipped"), ("OK", "match"), ("WRONG", "differs"),
+                                                ("FAILS", "differs")) for m in ("fwd", "fwdbwd")},
+                      ("DIES", "fwd"): "differs"}
+    assert (u["checked"], u["differ"], u["skipped"], u["seed"]) == (7, 5, 2, 7) and u["seconds"] >= 0
+    assert u["stopped"] == "the candidate's worker died"
     assert "the base refuses it: ValueError: head dims above 256" in u["shapes"][0]["modes"]["fwd"]["why"]
     found = [f for f in out.run_findings if f.rule == "unseen-shape-differs"]
-    assert len(found) == 4 and all(f.blocking for f in found)
+    assert len(found) == 5 and all(f.blocking for f in found)
     wrong = next(f for f in found if f.cell == "unseen WRONG-B3-T63-H2-D16/fwdbwd")
     assert "grad_q rel-RMS 0.31 (tol 0.005)" in wrong.message and "--unseen-seed 7" in wrong.message
     assert "--allow" not in wrong.fix  # a wrong result is never allowed
@@ -214,3 +217,9 @@ def test_an_honest_retiling_passes_and_the_record_holds_seed_shapes_and_seconds(
     line = next(x for x in console.export_text().splitlines() if x.startswith("unseen shapes:"))
     assert line == (f"unseen shapes: 8 checked, 0 differ, {u['seconds']:.1f} s ({u['share']:.0%} of the run), seed 0")
     print(json.dumps({"unseen_seconds": u["seconds"], "share": u["share"], "wall_s": rec["wall_s"]}))
+
+
+def test_a_wrong_result_cannot_be_allowed(repo):
+    for rule in ("unseen-shape-differs", "differs-from-base"):
+        r = flaloop(repo, "audit", OP, "--allow", rule, "--why", "the small shapes do not matter to us")
+        assert r.code == 2 and "cannot be allowed" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -10,7 +10,8 @@ results and what happened on the way, for bench/finish.py to analyse. Order of w
    and one pair per later round. Each side imports the op from its own tree and proves it by its
    op module's `__file__`.
 2. Warm-up (bench/warmup.py), for every cell on both sides before any timed sample: set up,
-   compile, autotune, check the candidate's results against the base's, the guard's probes.
+   compile, autotune, check the candidate's results against the base's, the guard's probes;
+   then, once, the candidate against the base on the plan's shapes nobody times (bench/unseen.py).
 3. The warm-up pair is closed: it measures nothing (`_fresh_pair`).
 4. Rounds (bench/sampling.py): pairs in each round's own fresh processes (round 1's too), each
    round the mirror of the one before (start order, and which side samples first: ABBA, BAAB). A
@@ -370,6 +371,7 @@ class Session:
         self.out.waited[cmd] = self.out.waited.get(cmd, 0.0) + time.monotonic() - t0
         if failed is not None:
             self.check_cancel()  # killed because the run was withdrawn: not a crash
+            failed.replies = replies  # what the other side answered meanwhile
             raise failed
         for side, reply in replies.items():
             self._note_integrity(side, reply)

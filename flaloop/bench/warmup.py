@@ -5,7 +5,8 @@ capture and prove the CUDA graph; the base calibrates k), the base's results fin
 inputs are outside the op's domain: refused), the candidate's equal to the base's (else blocked),
 and the guard's probes on both sides, the mutation probe among them (docs/GUARD.md). Results
 cross from base to candidate as CUDA IPC handles on a GPU, a file otherwise
-(bench/worker/compare.py).
+(bench/worker/compare.py). Then, once a run, base against candidate on a few small shapes nobody
+times (`check_unseen`; the draw: bench/unseen.py).
 
 Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
 test drives them over scripted fake workers (tests/test_session.py).
@@ -247,6 +248,8 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int) -> tuple[dict, str
         except WorkerFailed as exc:
             if exc.side == "base":
                 return skipped(f"its worker died: {exc.message}", "the base's worker died")
+            if cmd == "dump" and not exc.replies.get("base", {}).get("ok"):  # the base failed its dump too
+                return skipped(f"no results (and the candidate's worker died: {exc.message})", "the candidate's worker died")
             return differs(f"its worker died: {exc.message}", "the candidate's worker died")
         return failed(replies) or replies
 
