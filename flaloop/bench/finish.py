@@ -48,6 +48,17 @@ def _implausible(record: RunRecord, allowed: list[dict]) -> None:
     record.summary.n_blocked = sum(c.verdict == "BLOCKED" for c in record.cells)
 
 
+def _unseen(plan: MeasurePlan, m: Measurement) -> dict | None:
+    """What the warm-up checked on shapes nobody times, with its share of the run's wall time."""
+    if m.unseen is None:
+        if not plan.unseen:
+            return None
+        return {**plan.unseen, "off": plan.unseen.get("off") or "not reached: the run ended before the check"}
+    out = dict(m.unseen)
+    out["share"] = round(out.get("seconds", 0.0) / m.wall_s, 4) if m.wall_s else None
+    return out
+
+
 def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None = None) -> RunRecord:
     run_blocked = [f for f in m.run_findings + _static_findings(plan) if f.blocking]
     summary = analyse(m.results, plan.config.margin, plan.config.seed, aa=plan.config.aa, run_blocked=run_blocked)
@@ -63,7 +74,7 @@ def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None =
         gate=plan.gate, unverified=plan.gate is None, interrupted=m.interrupted,
         last_gate=plan.last_gate if plan.gate is None else None,
         errors=list(m.errors), wall_s=m.wall_s, timeline=m.timeline, lean_check=m.lean_check,
-        waited_s={k: round(v, 2) for k, v in m.waited.items()}, transfer=m.transfer,
+        waited_s={k: round(v, 2) for k, v in m.waited.items()}, transfer=m.transfer, unseen=_unseen(plan, m),
         guard=_guard(plan, m), summary=summary, cells=m.results)
     if not m.interrupted and m.env:
         record.env["during"] = evidence.during_evidence(evidence.readings_of(record))

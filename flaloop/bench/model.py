@@ -24,6 +24,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 DEVICES = ("auto", "cuda", "cpu")
 IMPORT_MODES = ("full", "lean")
+MAX_UNSEEN = 64  # unseen shapes (each costs a setup and two calls a side and mode)
 
 
 def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, cli: bool = True,  # noqa: A002
@@ -99,6 +100,15 @@ class BenchConfig:
     # The guard's probes on every cell (docs/GUARD.md); --no-probes is for measuring their cost.
     probes: bool = opt(True, "The guard's dynamic probes on every cell (--no-probes: to measure their cost; "
                              "the result is then unguarded).")
+    # Shapes nobody times (bench/unseen.py): undoing FLA's fix #988 read FASTER 1.10x on
+    # B8_T1024_H8_D64, its check passing there, while it was wrong on B1-T64-H2-D32, a shape only
+    # FLA's tests run. Once per run, in the warm-up pair, after the cells: a few small seeded
+    # shapes, fwd and fwdbwd, base against candidate (docs/GUARD.md, unseen-shape-differs).
+    unseen_shapes: int = opt(4, "Compare base and candidate, fwd and fwdbwd, on this many small seeded shapes that "
+                                "no bench cell or shape config uses (T of 1 and off chunk multiples, small and "
+                                "non-power-of-two head dims, tiny varlen), once in the warm-up; 0: off (the record "
+                                "says so).")
+    unseen_seed: int = opt(0, "Seed of the unseen shapes' draw (the record holds it and the shapes drawn).")
     # Fork workers from a warm server that imported the target's third-party libraries once
     # (bench/forkservers.py): on the H200 FLA's import took 1.9 s in a forked worker, 10-17 s in a spawned one.
     forkserver: bool = opt(True, "Fork the workers from a warm server that imported the target's third-party "
@@ -143,6 +153,8 @@ class BenchConfig:
             raise UsageError(f"--rounds {self.rounds}: need at least 1 (2 or more let a per-process effect show)")
         if self.max_rounds < 0:
             raise UsageError(f"--max-rounds {self.max_rounds}: need 0 or more (at most --rounds: no extra rounds)")
+        if not 0 <= self.unseen_shapes <= MAX_UNSEEN:
+            raise UsageError(f"--unseen-shapes {self.unseen_shapes}: need 0 (off) to {MAX_UNSEEN}")
         if self.placements < 1:
             raise UsageError(f"--placements {self.placements}: need at least 1 (1 builds each cell once)")
         if self.min_pairs < 2 or self.max_pairs < self.min_pairs:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from flaloop import contract as contract_mod
 from flaloop import git
+from flaloop.bench import unseen as unseen_mod
 from flaloop.bench.model import BenchConfig, Cell, make_cells
 from flaloop.bench.record import TreeRef
 from flaloop.errors import UsageError
@@ -37,6 +38,7 @@ class MeasurePlan:
     last_gate: dict | None = None  # else the last gate recorded for exactly this tree state
     command: str = ""
     label: str = "bench"        # what the run directory is called after: bench, aa, a sweep candidate
+    unseen: dict | None = None  # the shapes nobody times the warm-up checks (bench/unseen.plan)
 
     @property
     def same_tree(self) -> bool:
@@ -88,7 +90,8 @@ def plan(target, contract, *, base: TreeRef, candidate: TreeRef, shapes: list[st
     if git.file_at(target.root, base.commit, registry_rel) is None:
         raise UsageError(f"the base {base.commit[:12]} has no {registry_rel}",
                          "choose a base that has the registry (--base)")
-    cells = make_cells(target.shape_configs(spec), shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen)
+    configs = target.shape_configs(spec)
+    cells = make_cells(configs, shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen)
     if not cells:
         raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
     cfg.inputs = {**contract.input_overrides, **cfg.inputs}
@@ -97,4 +100,5 @@ def plan(target, contract, *, base: TreeRef, candidate: TreeRef, shapes: list[st
                        registry_entry=spec.registry or {}, cells=cells, config=cfg, base=base,
                        candidate=candidate, static=None if cfg.aa else static,
                        allowed=list(getattr(contract, "allowed", None) or []), gate=gate, last_gate=last_gate,
-                       command=command, label=label or ("aa" if cfg.aa else "bench"))
+                       command=command, label=label or ("aa" if cfg.aa else "bench"),
+                       unseen=unseen_mod.plan(cfg, configs, cells, spec.registry))

@@ -142,6 +142,7 @@ class RunRecord:
     wall_s: float = 0.0
     timeline: list[list] = field(default_factory=list)
     lean_check: dict | None = None
+    unseen: dict | None = None                     # shapes nobody times, checked in the warm-up (bench/unseen.py)
     waited_s: dict = field(default_factory=dict)
     transfer: dict = field(default_factory=dict)
     roofline: dict | None = None

@@ -10,7 +10,8 @@ results and what happened on the way, for bench/finish.py to analyse. Order of w
    and one pair per later round. Each side imports the op from its own tree and proves it by its
    op module's `__file__`.
 2. Warm-up (bench/warmup.py), for every cell on both sides before any timed sample: set up,
-   compile, autotune, check the candidate's results against the base's, the guard's probes.
+   compile, autotune, check the candidate's results against the base's, the guard's probes;
+   then, once, the candidate against the base on the plan's shapes nobody times (bench/unseen.py).
 3. The warm-up pair is closed: it measures nothing (`_fresh_pair`).
 4. Rounds (bench/sampling.py): pairs in each round's own fresh processes (round 1's too), each
    round the mirror of the one before (start order, and which side samples first: ABBA, BAAB). A
@@ -84,6 +85,7 @@ class Measurement:
     integrity: dict = field(default_factory=lambda: {"base": [], "cand": []})
     run_findings: list[Finding] = field(default_factory=list)  # guard findings about the whole run
     probe_seconds: float = 0.0
+    unseen: dict | None = None  # the shapes nobody times, as checked in the warm-up (warmup.check_unseen)
     lean_check: dict | None = None
     env: dict = field(default_factory=dict)  # fingerprint, idle evidence, how the workers started
     ceilings: dict | None = None  # the device's measured limits (roofline.Ceilings), taken where it ran
@@ -116,12 +118,13 @@ class Session:
     def __init__(self, *, op: str, cells: list[Cell], config: BenchConfig, trees: dict[str, Path],
                  launcher: Launcher, run_dir: Path, triton_cache: Path | None = None,
                  allowed: list[dict] | None = None, on_event: Events | None = None,
-                 cancel: threading.Event | None = None, t0: float | None = None):
+                 cancel: threading.Event | None = None, t0: float | None = None, unseen: dict | None = None):
         self.op, self.cfg, self.trees, self.launcher = op, config, trees, launcher
         self.run_dir, self.triton_cache = run_dir, triton_cache
         self.allowed = allowed or []
         self.on_event = on_event or (lambda *a, **k: None)
         self.cancel = cancel
+        self.unseen = unseen  # the plan's draw (bench/unseen.plan); None: no check asked for
         self.out = Measurement(results=[CellResult(c) for c in cells],
                                transfer={"how": "cuda-ipc", "why": None})
         self.results = self.out.results
@@ -187,8 +190,14 @@ class Session:
                     self._fingerprint(self.workers["base"].hello)
                     entries = cache_entries(self.triton_cache)
                     warmup.warm_all(self)
+                    # what the cells compiled (the unseen shapes' compiles are not the cells')
+                    new_entries = cache_entries(self.triton_cache) - entries
                     self.mark("warm-up done")
-                    self._fresh_pair(cache_entries(self.triton_cache) - entries)
+                    if self.unseen is not None:
+                        warmup.check_unseen(self)
+                        if not self.out.unseen.get("off"):
+                            self.mark("unseen shapes checked")
+                    self._fresh_pair(new_entries)
                     todo = self._round_cells(0)
                 for res in todo:
                     if self.blocked_run():
@@ -363,6 +372,7 @@ class Session:
         self.out.waited[cmd] = self.out.waited.get(cmd, 0.0) + time.monotonic() - t0
         if failed is not None:
             self.check_cancel()  # killed because the run was withdrawn: not a crash
+            failed.replies = replies  # what the other side answered meanwhile
             raise failed
         for side, reply in replies.items():
             self._note_integrity(side, reply)

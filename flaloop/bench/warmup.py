@@ -5,7 +5,8 @@ capture and prove the CUDA graph; the base calibrates k), the base's results fin
 inputs are outside the op's domain: refused), the candidate's equal to the base's (else blocked),
 and the guard's probes on both sides, the mutation probe among them (docs/GUARD.md). Results
 cross from base to candidate as CUDA IPC handles on a GPU, a file otherwise
-(bench/worker/compare.py).
+(bench/worker/compare.py). Then, once a run, base against candidate on a few small shapes nobody
+times (`check_unseen`; the draw: bench/unseen.py).
 
 Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
 test drives them over scripted fake workers (tests/test_session.py).
@@ -17,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from flaloop.bench.analysis import tuning_differences
-from flaloop.bench.model import CellResult
+from flaloop.bench.model import Cell, CellResult
 from flaloop.bench.workers import WorkerFailed
 from flaloop.guard import dynamic
 from flaloop.guard.findings import apply_allowances
@@ -133,3 +134,166 @@ def probe(s: Session, res: CellResult) -> None:
     if blocking:
         res.status, res.reason = "blocked", "guard: " + ", ".join(blocking)
     return None
+
+
+# -- shapes nobody times --------------------------------------------------------------------------
+
+def check_unseen(s: Session) -> None:
+    """Base against candidate on the plan's unseen shapes (bench/unseen.py), fwd and fwdbwd, once
+    per run, in the warm-up pair after its cells (the pair measures nothing and is closed next, so
+    what these setups compile, allocate or break touches no measuring process).
+
+    Each (shape, mode) is a cell of its own for the workers (`setup` of a cell spec with the
+    shape, the eager timer, one input set, `check_only`: no call, no timing); both sides `dump`
+    their results at once, one call each, and the base `compare`s the candidate's dump with its
+    own within --diff-tol (relative RMS, no non-finite values), as the differential check does. A
+    shape the base refuses, fails on, or gives non-finite values on is skipped and said; one the
+    candidate fails on, crashes on, or computes differently is an `unseen-shape-differs` finding
+    that blocks the run (never allowable: it is wrong). What ran, the seed and the seconds go into
+    `Measurement.unseen`.
+
+    Once per run, not per cell: the shapes belong to the op, not to a cell, and per cell the cost
+    would grow with the cells for no more coverage."""
+    plan = s.unseen or {}
+    t0 = time.monotonic()
+    out = {k: plan.get(k) for k in ("n", "seed", "dtype", "tol", "modes", "off")}
+    out.update(shapes=[], checked=0, differ=0, skipped=0, seconds=0.0, stopped=None)
+    s.out.unseen = out
+    if out["off"]:
+        return
+    if s.blocked_run():
+        out["off"] = "the run was already blocked"
+        return
+    if not any(r.status == "pending" for r in s.results):  # a win to guard needs a cell to measure
+        out["off"] = "no cell passed its warm-up: nothing will be measured"
+        return
+    if set(s.workers) != {"base", "cand"} or any(w.dead for w in s.workers.values()):
+        out["off"] = "no live warm-up pair left to check them"
+        return
+    todo = [(shp, mode) for shp in plan.get("shapes") or [] for mode in out["modes"]]
+    found = []
+    try:
+        for i, (shp, mode) in enumerate(todo):
+            if not out["shapes"] or out["shapes"][-1]["name"] != shp["name"]:
+                out["shapes"].append({**shp, "modes": {}})
+            cid = f"{shp['name']}/{mode}"
+            s.on_event("unseen", cell=cid, index=i, total=len(todo))
+            t1 = time.monotonic()
+            verdict, stop = _unseen_one(s, shp, mode, i)
+            verdict["seconds"] = round(time.monotonic() - t1, 3)
+            out["shapes"][-1]["modes"][mode] = verdict
+            status = verdict["status"]
+            out["checked"] += status in ("match", "differs")
+            out["differ"] += status == "differs"
+            out["skipped"] += status == "skipped"
+            if status == "differs":
+                found.append(dynamic.finding("unseen-shape-differs", f"{cid} ({out['dtype']}): {verdict['why']}; "
+                                             f"a shape no bench cell or shape config uses (drawn with --unseen-seed "
+                                             f"{out['seed']}: the record's `unseen` holds it)", f"unseen {cid}"))
+            if stop:
+                out["stopped"] = stop
+                break
+    finally:
+        out["seconds"] = round(time.monotonic() - t0, 3)
+        s.broken = None  # the warm-up pair is closed next: a context these shapes broke measures nothing
+        s._add_run_findings(found)  # never allowable: it is wrong
+
+
+def _worst(cmp_: dict) -> tuple[str, dict]:
+    """The tensor that differs most: first those that do not match, then by relative RMS."""
+    tensors = cmp_.get("tensors") or {}
+    if not tensors:
+        return "-", {}
+
+    def badness(kv):
+        t = kv[1]
+        rel = t.get("rel_rms")
+        return (not t.get("match"), t.get("nonfinite_self") or 0, float("inf") if rel is None else rel)
+
+    name, t = max(tensors.items(), key=badness)
+    return name, t
+
+
+def _unseen_one(s: Session, shp: dict, mode: str, index: int) -> tuple[dict, str | None]:
+    """({status: match | differs | skipped, why, worst}, why the check must stop or None) of one
+    (shape, mode). Both sides set up at once (inputs only: `check_only`) and dump their results
+    at once (their one call each, side by side); the base then compares the candidate's dump with
+    its own (no call, and nothing of the judging in the candidate's process). Files, not CUDA IPC:
+    the tensors are small, and both dumps must exist together."""
+    from flaloop.bench.session import STICKY_CUDA  # (session imports this module)
+
+    cell = Cell(shp["name"], dict(shp["shape"]), mode, s.unseen["dtype"], tuple(shp["seqlens"]) if shp.get("seqlens")
+                else None)
+    wire = {**cell.to_wire(s.cfg, 1, "eager"), "n_sets": 1, "check_only": True}
+    dumps = {side: s.run_dir / f"unseen-{index}-{side}.pt" for side in ("base", "cand")}
+
+    def skipped(why: str, stop: str | None = None):
+        return {"status": "skipped", "why": f"the base refuses it: {why[:300]}"}, stop
+
+    def differs(why: str, stop: str | None = None):
+        return {"status": "differs", "why": f"the candidate fails where the base computes: {why[:300]}"}, stop
+
+    def failed(replies: dict) -> tuple[dict, str | None] | None:
+        for side, verdict in (("base", skipped), ("cand", differs)):  # the base's failure first: then it is a skip
+            r = replies[side]
+            if not r.get("ok"):
+                error = str(r.get("error", "unknown error")).removeprefix("skip:").strip()
+                who = "base" if side == "base" else "candidate"
+                return verdict(error, f"the {who}'s CUDA context broke" if any(x in error for x in STICKY_CUDA) else None)
+        return None
+
+    def both(cmd: str, payloads: dict) -> tuple[dict, str | None] | dict:
+        try:
+            replies = s.ask_both(cmd, s.cfg.worker_timeout, payloads)
+        except WorkerFailed as exc:
+            if exc.side == "base":
+                return skipped(f"its worker died: {exc.message}", "the base's worker died")
+            if cmd == "dump" and not exc.replies.get("base", {}).get("ok"):  # the base failed its dump too
+                return skipped(f"no results (and the candidate's worker died: {exc.message})", "the candidate's worker died")
+            return differs(f"its worker died: {exc.message}", "the candidate's worker died")
+        return failed(replies) or replies
+
+    live = True
+    try:
+        got = both("setup", {"base": {"cell": wire}, "cand": {"cell": wire}})
+        if isinstance(got, tuple):
+            live = got[1] is None
+            return got
+        got = both("dump", {side: {"cell": cell.id, "path": str(path)} for side, path in dumps.items()})
+        if isinstance(got, tuple):
+            live = got[1] is None
+            return got
+        try:
+            c = s.ask("base", "compare", s.cfg.worker_timeout, cell=cell.id, ref=str(dumps["base"]),
+                      subject=str(dumps["cand"]), tol=s.cfg.diff_tol)
+        except WorkerFailed as exc:
+            live = False
+            return {"status": "skipped", "why": f"the base's worker died comparing: {exc.message}"}, "the base's worker died"
+        if not c.get("ok"):
+            return {"status": "skipped", "why": f"the base could not compare: {str(c.get('error'))[:300]}"}, None
+        tensors = c.get("tensors") or {}
+        nonfinite = {n: t["nonfinite_ref"] for n, t in tensors.items() if t.get("nonfinite_ref")}
+        if nonfinite:
+            return {"status": "skipped", "why": "the base gives non-finite values: " + ", ".join(
+                f"{n}: {k}" for n, k in nonfinite.items())}, None
+        name, t = _worst(c)
+        worst = {"tensor": name, **{k: t.get(k) for k in ("rel_rms", "max_abs", "nonfinite_self", "shape", "shape_ref",
+                                                         "missing")}}
+        if c.get("match"):
+            return {"status": "match", "worst": worst}, None
+        rel = t.get("rel_rms")
+        how = (f"{name} missing on the {'candidate' if t['missing'] == 'self' else 'base'}" if t.get("missing") else
+               f"{name} shape {t.get('shape')} vs the base's {t.get('shape_ref')}" if t.get("shape") != t.get("shape_ref")
+               else f"{name} rel-RMS not finite (tol {c.get('tol')})" if rel is None else
+               f"{name} rel-RMS {rel:.3g} (tol {c.get('tol')})")
+        nf = f", {t['nonfinite_self']} non-finite (the base none)" if t.get("nonfinite_self") else ""
+        return {"status": "differs", "why": f"candidate differs from base: {how}{nf}", "worst": worst,
+                "tensors": tensors}, None
+    finally:
+        for path in dumps.values():
+            path.unlink(missing_ok=True)
+        if live:
+            try:
+                s.release(CellResult(cell))
+            except WorkerFailed:
+                pass

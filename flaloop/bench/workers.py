@@ -25,6 +25,7 @@ class WorkerFailed(MeasurementError):
     def __init__(self, side: str, what: str, stderr: str):
         super().__init__(f"the {side} worker {what}", f"its stderr ends with:\n{stderr[-3000:]}")
         self.side, self.stderr = side, stderr
+        self.replies: dict = {}  # Session.ask_both: what the other side answered to the same command
 
 
 class WorkerClient:

@@ -59,6 +59,9 @@ def record_allowances(target: Target, c: contract_mod.Contract, rules: list[str]
             raise UsageError(f"unknown guard rule {rule!r}",
                              (f"did you mean {', '.join(close)}? " if close else "") +
                              f"known rules: {', '.join(catalogue.RULES)} (docs/GUARD.md)")
+        if rule in catalogue.NEVER_ALLOWED:
+            raise UsageError(f"{rule} cannot be allowed: the candidate's results are wrong",
+                             "make them agree with the base's (docs/GUARD.md)")
         if not why.strip():
             raise UsageError(f"--why for {rule} is empty", "say why this task needs the exception")
     entries = [c.allow(rule, " ".join(why.split())) for rule, why in pairs]

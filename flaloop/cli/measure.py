@@ -196,6 +196,9 @@ def bench_events(bar, task, cfg: BenchConfig, prefix: str = "bench"):
         if kind == "warm":
             bar.update(task, description=f"{prefix}: warm-up, correctness, probes", completed=info["index"],
                        total=info["total"], last=info["cell"])
+        elif kind == "unseen":
+            bar.update(task, description=f"{prefix}: unseen shapes, base against candidate", completed=info["index"],
+                       total=info["total"], last=info["cell"])
         elif kind == "round":
             bar.update(task, description=f"{prefix}: round {info['round']}/{info['rounds']}",
                        completed=0, total=None, last=f"{info['cells']} cell(s)")

@@ -98,6 +98,24 @@ def tree_label(t) -> str:
 BENCH_DROP = ("eager base", "eager cand", "timer", "% floor", "pairs", "note")
 
 
+def unseen_line(u: dict | None) -> str | None:
+    """One line (markup) on the shapes nobody times that the warm-up checked (bench/unseen.py)."""
+    if not u:
+        return None
+    if u.get("off"):
+        return f"[yellow]unseen shapes: not checked ({escape(str(u['off']))})[/]"
+    share = f" ({u['share']:.0%} of the run)" if u.get("share") is not None else ""
+    text = (f"unseen shapes: {u.get('checked', 0)} checked, {u.get('differ', 0)} differ, "
+            f"{u.get('seconds', 0.0):.1f} s{share}, seed {u.get('seed')}")
+    skips = [(f"{shp['name']}/{mode}", v.get("why", "")) for shp in u.get("shapes") or []
+             for mode, v in (shp.get("modes") or {}).items() if v.get("status") == "skipped"]
+    if skips:
+        text += f"; {len(skips)} skipped ({escape(skips[0][0])}: {escape(skips[0][1][:100])})"
+    if u.get("stopped"):
+        text += f"; stopped early: {escape(u['stopped'])}"
+    return f"[bold red]{text}[/]" if u.get("differ") else text
+
+
 def print_bench(record: RunRecord, console: Console) -> None:
     env = record.env or {}
     parts = [env.get("device_name") or env.get("device") or "?"]
@@ -154,6 +172,9 @@ def print_bench(record: RunRecord, console: Console) -> None:
         console.print(f"geomean speedup {g.speedup:.4f}x  95% CI [{g.ci_low:.4f}, {g.ci_high:.4f}]  "
                       f"worst {g.worst_cell_id} {g.worst_speedup:.4f}x  regressions {g.n_regressions}  "
                       f"({s.n_measured}/{s.n_cells} cells measured)")
+    line = unseen_line(record.unseen)
+    if line:
+        console.print(line, markup=True)
     if record.primed:
         console.print(f"the warm-up compiled or tuned ({record.primed['new_cache_entries']} new Triton cache "
                       "entries): k calibrated afresh by the measuring workers")

@@ -116,6 +116,9 @@ def _events(bar, rows: dict[str, SweepRow]):
             bar.update(t, description=f"{name}: bench", last="")
         elif kind == "warm":
             bar.update(t, description=f"{name}: warm-up", completed=info["index"], total=info["total"], last=info["cell"])
+        elif kind == "unseen":
+            bar.update(t, description=f"{name}: unseen shapes", completed=info["index"], total=info["total"],
+                       last=info["cell"])
         elif kind == "round":
             bar.update(t, description=f"{name}: round {info['round']}/{info['rounds']}", completed=0, total=None)
         elif kind == "pair":

@@ -116,6 +116,13 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "the gate's shapes are not the bench's: garbage for a shape only the bench uses (seen on FLA), a "
          "bf16-only path, NaN or Inf — a fast wrong answer is not a speedup.",
          "make the candidate agree with the base on every bench cell (relative RMS within --diff-tol)"),
+    Rule("unseen-shape-differs", BLOCK, "the candidate differs from the base on a small shape nobody times",
+         "the bench's cells and the contract's shapes are a few large ones; a kernel wrong only on a short "
+         "sequence, a T off the chunk multiple, a small or odd head dim or a tiny packed batch passes the "
+         "differential check there (undoing FLA's fix #988, miscompiled with 4 warps on Hopper, read FASTER "
+         "1.10x on B8_T1024_H8_D64 while wrong on B1-T64-H2-D32).",
+         "make the candidate agree with the base on every shape the base accepts; rerun with the record's "
+         "--unseen-seed to reproduce the shape named, or add it to the gate's tests"),
     Rule("timer-patched", BLOCK, "a function on the timing path was replaced in the candidate's process",
          "a patched timer fakes any speedup: a wrapped Event.elapsed_time read FASTER 1.25x on an H200 "
          "before this probe existed.",
@@ -226,6 +233,10 @@ UNEXPLAINED = Rule(
 RULES[UNEXPLAINED.id] = UNEXPLAINED
 
 
+# Wrong results are not a trade-off a reviewer can accept: these are never allowed.
+NEVER_ALLOWED = frozenset({"differs-from-base", "unseen-shape-differs"})
+
+
 def known(rule_id: str) -> bool:
     return rule_id in RULES
 
@@ -234,5 +245,6 @@ def finding(rule_id: str, message: str, *, file: str | None = None, line: int | 
             severity: str | None = None) -> Finding:
     """A Finding for `rule_id`, with the rule's why and fix."""
     r = RULES[rule_id]
+    fix = r.fix if rule_id in NEVER_ALLOWED else f"{r.fix}; {_ALLOW.format(id=rule_id)}"
     return Finding(rule=rule_id, severity=severity or r.severity, message=message, why=r.why,
-                   fix=f"{r.fix}; {_ALLOW.format(id=rule_id)}", file=file, line=line)
+                   fix=fix, file=file, line=line)

@@ -58,6 +58,9 @@ class BuiltCell:
         self.sample_ms = float(spec.get('sample_ms') or DEFAULT_SAMPLE_MS)
         self.warmup = int(spec.get('warmup') or DEFAULT_WARMUP)
         self.k = spec.get('k')
+        # only compared, never timed (the warm-up's unseen shapes): inputs built, no call made here;
+        # the dump that follows is the one call
+        self.check_only = bool(spec.get('check_only'))
         self.placements_req = int(spec.get('placements') or 1)
         if self.placements_req < 1:
             raise ValueError(f'placements must be >= 1, got {self.placements_req}')
@@ -94,7 +97,7 @@ class BuiltCell:
 
     def _make(self, index: int, varlen_kw: dict) -> InputSet:
         s = self.spec.make_set(index, varlen_kw, self.device)
-        if self.mode == 'fwdbwd':
+        if self.mode == 'fwdbwd' and not self.check_only:  # check-only: drawn at the one call (`call`)
             self._add_do(s)
         s.nbytes = nbytes(s.kwargs) + (nbytes(s.do) if s.do is not None else 0)
         return s
@@ -109,6 +112,12 @@ class BuiltCell:
         self.set_bytes = first.nbytes
         self.n_sets = self.spec.choose_n_sets(self.set_bytes, self.is_cuda, self.w.l2_bytes)
         self.sets = [first] + [self._make(i, varlen_kw) for i in range(1, self.n_sets)]
+        if self.check_only:
+            self.timer, self.k = ('cuda_eager' if self.is_cuda else 'cpu'), 1
+            return {'cell': self.id, 'timer': self.timer, 'k': self.k, 'n_sets': self.n_sets, 'check_only': True,
+                    'set_bytes': self.set_bytes, 'placements': 1, 'nonfinite': {}, 'mode': self.mode,
+                    'setup_s': time.perf_counter() - t_setup, 'shape': self.spec.shape, 'tuning': {},
+                    'dtype': str(self.dtype).replace('torch.', ''), 'extra_kwargs': self.extra_kwarg_names}
 
         t0 = time.perf_counter()
         tuned_before = tuning_snapshot()
@@ -161,6 +170,8 @@ class BuiltCell:
             leaf.grad = None
         out = self.fn(**s.kwargs)
         t = out[0] if self.cfg.output_is_tuple else out
+        if s.do is None:  # the same draw `_add_do` makes, without its extra call
+            s.do = torch.randn(t.shape, dtype=t.dtype, device=t.device, generator=s.gen)
         t.backward(s.do)
         return out
 

@@ -276,7 +276,9 @@ class WorkerServer:
         return {'cell': cell.id, **save_dump(res, path), 'share_error': why, 'seconds': time.perf_counter() - t0}
 
     def cmd_compare(self, req: dict) -> dict:
-        """Compare my results with the other side's "ref" (a dump file) or "shared" (IPC handles)."""
+        """Compare my results with the other side's "ref" (a dump file) or "shared" (IPC handles);
+        with "subject" (a dump file), those results instead of mine: two dumps made at once, compared
+        here without a call (the warm-up's unseen shapes: the base judges the candidate's dump)."""
         cell = self._cell(req)
         if not req.get('ref') and not req.get('shared'):
             raise ValueError('compare needs "ref" (a dump file) or "shared" (the other side\'s handles)')
@@ -288,7 +290,7 @@ class WorkerServer:
                 return {'cell': cell.id, 'shared_error': short_error(e)}
         else:
             ref = load_dump(req['ref'])
-        mine = self._results(cell, req)
+        mine = load_dump(req['subject']) if req.get('subject') else self._results(cell, req)
         try:
             out = compare_results(mine, ref, float(req.get('tol', 1e-3)))
         finally:

@@ -1,0 +1,225 @@
+"""Shapes nobody times (bench/unseen.py, bench/warmup.check_unseen): a candidate right on every
+bench cell and wrong on small shapes that only a project's tests have (undoing FLA's fix #988 read
+FASTER 1.10x on B8_T1024_H8_D64 while wrong on B1-T64-H2-D32) is blocked by `flaloop bench`
+itself as unseen-shape-differs, naming the shape and the worst tensor.
+
+The plants are in a copy of examples/minifla, run by the real CLI with the Triton interpreter, and
+no static rule reads them (`flaloop audit` is clean): nothing kept in module state, no comparison
+of a shape with a literal; the wrong result comes from arithmetic on the shape alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import OP, edit, flaloop
+from rich.console import Console
+from test_session import CELLS, FakeLauncher, Script
+
+from flaloop.bench import record as record_mod
+from flaloop.bench import unseen
+from flaloop.bench.model import BenchConfig, Cell, cli_args
+from flaloop.bench.session import Session
+from flaloop.cli.render import print_bench
+from flaloop.errors import UsageError
+
+CHUNK = Path("minifla/ops/linear_attn/chunk.py")
+# the bench cells are the contract's one shape (B1_T64_H2_D32), fwd only: the unseen shapes run both modes anyway
+QUICK = ["--device", "cpu", "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20",
+         "--rounds", "1"]
+MINIFLA_SHAPES = {  # examples/minifla/benchmarks/ops/registry.py
+    "B1_T64_H2_D32": {"B": 1, "T": 64, "H": 2, "D": 32}, "B2_T100_H2_D16": {"B": 2, "T": 100, "H": 2, "D": 16},
+    "B8_T1024_H8_D64": {"B": 8, "T": 1024, "H": 8, "D": 64}, "B4_T2048_H16_D64": {"B": 4, "T": 2048, "H": 16, "D": 64},
+    "B2_T4096_H16_D128": {"B": 2, "T": 4096, "H": 16, "D": 128},
+}
+
+# Each is right on the bench's B1_T64_H2_D32 (its differential check passes there) and wrong elsewhere.
+PLANTS = {
+    # the loop bound rounded down: the chunk that holds the tail of the sequence is never swept, so
+    # the output is right only when T is a multiple of the chunk (32), as the bench's T=64 is
+    "tail-chunk-dropped": ("NT=triton.cdiv(max_len, BT), BT=BT, BK=BK, BV=BV,\n        USE_INITIAL_STATE",
+                           "NT=max_len // BT, BT=BT, BK=BK, BV=BV,\n        USE_INITIAL_STATE"),
+    # as a miscompile of small tiles would be: wrong when heads x head dim is below the bench's 2 x 32,
+    # by arithmetic on the shape (1 >> 0 is 1 there, 0 from 64 up), never a comparison
+    "small-heads-scaled": ("    BV = min(64, block_size(V))\n",
+                           "    BV = min(64, block_size(V))\n    lanes = H * K\n"
+                           "    scale = scale * (1.0 + 0.5 * (1 >> (lanes // 64)))\n"),
+}
+# a different but correct tiling: chunks of 16 timesteps, V in blocks of at most 32
+HONEST = [("CHUNK_SIZE = 32", "CHUNK_SIZE = 16"), ("    BV = min(64, block_size(V))\n", "    BV = min(32, block_size(V))\n")]
+
+
+def bench(repo: Path, *args: str):
+    r = flaloop(repo, "bench", OP, "--json", *QUICK, *args)
+    assert r.stdout.strip(), r.stderr[-3000:]
+    return r, r.json
+
+
+def audit_is_clean(repo: Path) -> None:
+    r = flaloop(repo, "audit", OP, "--json")
+    assert r.code == 0 and r.json["findings"] == [], r.stdout  # no static rule reads the plant
+
+
+# -- the draw ---------------------------------------------------------------------------------------
+
+def test_the_draw_spreads_over_every_dimension_and_misses_every_timed_shape():
+    avoid = list(MINIFLA_SHAPES.values())
+    shapes = unseen.draw(MINIFLA_SHAPES, n=4, seed=0, avoid=avoid)
+    assert shapes == unseen.draw(MINIFLA_SHAPES, n=4, seed=0, avoid=avoid)  # the seed says it all
+    assert shapes != unseen.draw(MINIFLA_SHAPES, n=4, seed=1, avoid=avoid)
+    dims = [s["shape"] for s in shapes]
+    assert all(list(d) == ["B", "T", "H", "D"] and d not in avoid for d in dims)
+    assert len({tuple(d.values()) for d in dims}) == 4
+    # every stratum of T: below a chunk (T=1 among them), one chunk and over one, off any multiple of 16,
+    # and a small multiple
+    ts = [d["T"] for d in dims]
+    assert [any(t in stratum for t in ts) for stratum in unseen.T_STRATA] == [True] * 4
+    assert sum(t % 16 != 0 for t in ts) == 3
+    heads = {d["D"] for d in dims}
+    assert heads & set(unseen.HEAD_POW2) and heads & set(unseen.HEAD_OTHER)
+    assert {d["B"] for d in dims} == {d["H"] for d in dims} == {1, 2, 3}
+    assert [s["name"] for s in shapes][0] == "B{B}-T{T}-H{H}-D{D}".format(**dims[0])
+
+    # whatever the registry declares: FLA's extra L; K and V of different kinds; a constrained D; no
+    # value above the largest the configs use
+    fla = {"a": {"B": 1, "T": 8192, "H": 96, "D": 128, "L": 8, "K": 64, "V": 128},
+           "b": {"B": 2, "T": 512, "H": 2, "D": 64, "L": 10, "K": 32, "V": 32}}
+    drawn = [s["shape"] for s in unseen.draw(fla, n=4, seed=0, avoid=[], constraints={"D": [64, 128]})]
+    assert all(list(d) == ["B", "T", "H", "D", "L", "K", "V"] for d in drawn)
+    assert {d["D"] for d in drawn} <= {64, 128} and {d["L"] for d in drawn} <= {8, 10} and all(d["B"] <= 2 for d in drawn)
+    assert all((d["K"] in unseen.HEAD_POW2) != (d["V"] in unseen.HEAD_POW2) for d in drawn)
+
+    # varlen: every second shape a packed batch of tiny sequences
+    packed = unseen.draw(MINIFLA_SHAPES, n=4, seed=0, avoid=avoid, varlen=True)
+    assert [s["seqlens"] is not None for s in packed] == [False, True, False, True]
+    for s in packed[1::2]:
+        assert s["shape"]["B"] == 1 and s["shape"]["T"] == sum(s["seqlens"]) and max(s["seqlens"]) < 64
+        assert s["name"].endswith("-seqlens" + "+".join(map(str, s["seqlens"])))
+
+
+def test_the_plan_says_when_it_is_off_and_the_option_is_declared_once():
+    cells = [Cell("B1_T64_H2_D32", MINIFLA_SHAPES["B1_T64_H2_D32"], "fwd")]
+    on = unseen.plan(BenchConfig(), MINIFLA_SHAPES, cells, {})
+    assert on["off"] is None and on["n"] == 4 and len(on["shapes"]) == 4 and on["seed"] == 0
+    assert on["modes"] == ["fwd", "fwdbwd"] and on["tol"] == BenchConfig().diff_tol
+    assert unseen.plan(BenchConfig(), MINIFLA_SHAPES, cells, {"skip_backward": True})["modes"] == ["fwd"]
+    off = unseen.plan(BenchConfig(unseen_shapes=0), MINIFLA_SHAPES, cells, {})
+    assert off["off"] == "--unseen-shapes 0" and off["shapes"] == []
+    assert "A/A" in unseen.plan(BenchConfig(aa=True), MINIFLA_SHAPES, cells, {})["off"]
+    assert cli_args(BenchConfig(unseen_shapes=0, unseen_seed=3)) == ["--unseen-shapes", "0", "--unseen-seed", "3"]
+    with pytest.raises(UsageError, match="--unseen-shapes -1"):
+        BenchConfig(unseen_shapes=-1).check()
+
+
+# -- the warm-up over scripted workers ------------------------------------------------------------------
+
+class Unseen(Script):
+    """REFUSED: the base will not take it; WRONG: the base finds the candidate's dump off in grad_q;
+    FAILS: the candidate raises where the base computes; the rest agree."""
+
+    def answer(self, worker, cmd, payload):
+        reply = super().answer(worker, cmd, payload)
+        cid = str((payload.get("cell") or {}).get("id") if cmd == "setup" else payload.get("cell"))
+        if cmd == "setup" and cid.startswith("REFUSED") and worker.side == "base":
+            return {"ok": False, "error": "ValueError: head dims above 256 are not supported"}
+        if cmd == "dump" and cid.startswith("FAILS") and worker.side == "cand":
+            return {"ok": False, "error": "RuntimeError: tile too small", "traceback": ""}
+        if cmd == "compare" and cid.startswith("WRONG"):
+            good = {"match": True, "rel_rms": 1e-4, "nonfinite_self": 0, "nonfinite_ref": 0, "shape": [1], "shape_ref": [1]}
+            return {"ok": True, "match": False, "tol": 0.005,
+                    "tensors": {"out0": good, "grad_q": {**good, "match": False, "rel_rms": 0.31}}}
+        return reply
+
+
+def test_the_warm_up_skips_what_the_base_refuses_and_blocks_what_the_candidate_gets_wrong(tmp_path):
+    names = ["REFUSED-B1-T1-H1-D512", "OK-B2-T17-H3-D24", "WRONG-B3-T63-H2-D16", "FAILS-B1-T100-H1-D40",
+             "DIES-B2-T2-H1-D16", "NEVER-B1-T7-H2-D48"]
+    plan = {"n": 6, "seed": 7, "dtype": "bfloat16", "tol": 0.005, "modes": ["fwd", "fwdbwd"], "off": None,
+            "shapes": [{"name": n, "shape": {"B": 1, "T": 8, "H": 1, "D": 4}, "seqlens": None} for n in names]}
+    script = Unseen(crash=("cand", "dump", 7))  # the candidate's worker dies at DIES/fwd: the check stops there
+    s = Session(op="op", cells=CELLS[:1], config=BenchConfig(device="cpu", probes=False, min_pairs=8, rounds=1),
+                trees={"base": tmp_path / "b", "cand": tmp_path / "c"}, launcher=FakeLauncher(script),
+                run_dir=tmp_path / "run", unseen=plan)
+    out = s.run()
+    u = out.unseen
+    status = {(shp["name"].split("-")[0], mode): v["status"] for shp in u["shapes"] for mode, v in shp["modes"].items()}
+    assert status == {**{(k, m): v for k, v in (("REFUSED", "skipped"), ("OK", "match"), ("WRONG", "differs"),
+                                                ("FAILS", "differs")) for m in ("fwd", "fwdbwd")},
+                      ("DIES", "fwd"): "differs"}
+    assert (u["checked"], u["differ"], u["skipped"], u["seed"]) == (7, 5, 2, 7) and u["seconds"] >= 0
+    assert u["stopped"] == "the candidate's worker died"
+    assert "the base refuses it: ValueError: head dims above 256" in u["shapes"][0]["modes"]["fwd"]["why"]
+    found = [f for f in out.run_findings if f.rule == "unseen-shape-differs"]
+    assert len(found) == 5 and all(f.blocking for f in found)
+    wrong = next(f for f in found if f.cell == "unseen WRONG-B3-T63-H2-D16/fwdbwd")
+    assert "grad_q rel-RMS 0.31 (tol 0.005)" in wrong.message and "--unseen-seed 7" in wrong.message
+    assert "--allow" not in wrong.fix  # a wrong result is never allowed
+    assert any("the candidate fails where the base computes: RuntimeError: tile too small" in f.message for f in found)
+    # the run is blocked before anything is timed; only the warm-up pair (workers 0 and 1) saw the shapes
+    (res,) = out.results
+    assert res.status == "blocked" and "unseen-shape-differs (run stopped)" in res.reason and res.pairs == []
+    seen = [(n, side, c, p) for n, side, c, p in script.log if c in ("setup", "dump", "compare")
+            and any(x in str(p.get("cell")) for x in names)]
+    assert {n for n, *_ in seen} == {0, 1}
+    # both sides set up (inputs only) and dump; the base judges the candidate's dump
+    assert all(p["cell"]["check_only"] for _, _, c, p in seen if c == "setup")
+    compares = [(side, p) for _, side, c, p in seen if c == "compare"]
+    assert {side for side, _ in compares} == {"base"} and all(p["subject"].endswith("-cand.pt") for _, p in compares)
+    assert "unseen shapes checked" in [w for w, _ in out.timeline]
+
+
+# -- the real CLI on minifla --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_a_candidate_wrong_only_on_shapes_nobody_times_is_blocked_naming_the_shape(repo, plant):
+    edit(repo / CHUNK, *PLANTS[plant])
+    audit_is_clean(repo)
+    r, rec = bench(repo)
+    assert r.code == 1, r.stderr[-3000:]
+    for cell in rec["cells"]:  # right on the bench's own shape: the differential check passes there
+        assert cell["diff"]["match"] is True, cell["diff"]
+        assert cell["status"] == "blocked" and cell["reason"] == "guard: unseen-shape-differs (run stopped)"
+        assert cell["pairs"] == []
+    found = [f for f in rec["guard"]["findings"] if f["rule"] == "unseen-shape-differs"]
+    assert found and all(f["blocking"] for f in found)
+    u = rec["unseen"]
+    differs = {f"{s['name']}/{m}" for s in u["shapes"] for m, v in s["modes"].items() if v["status"] == "differs"}
+    assert differs and {f["where"] for f in found} == {f"unseen {d}" for d in differs}
+    assert all("candidate differs from base: out0" in f["message"] for f in found)  # the worst tensor, named
+    assert u["differ"] == len(differs) < u["checked"]  # not every shape: the class is narrow
+
+
+def test_an_honest_retiling_passes_and_the_record_holds_seed_shapes_and_seconds(repo):
+    for old, new in HONEST:
+        edit(repo / CHUNK, old, new)
+    audit_is_clean(repo)
+    r, rec = bench(repo)
+    assert r.code == 0, r.stderr[-3000:]
+    assert rec["guard"]["findings"] == [] and all(c["status"] == "ok" for c in rec["cells"])
+    u = rec["unseen"]
+    assert u["off"] is None and u["seed"] == 0 and u["n"] == 4 and u["modes"] == ["fwd", "fwdbwd"]
+    assert (u["checked"], u["differ"], u["skipped"]) == (8, 0, 0)
+    assert 0 < u["seconds"] < rec["wall_s"] and u["share"] == pytest.approx(u["seconds"] / rec["wall_s"], abs=1e-3)
+    # the shapes are the draw the seed gives for these cells and shape configs: the finding could be reproduced
+    cells = [Cell.from_dict(c["cell"]) for c in rec["cells"]]
+    again = unseen.plan(BenchConfig.from_dict(rec["config"]), MINIFLA_SHAPES, cells, {})["shapes"]
+    assert [{k: s[k] for k in ("name", "shape", "seqlens")} for s in u["shapes"]] == again
+    for s in u["shapes"]:
+        for v in s["modes"].values():
+            assert v["status"] == "match" and v["worst"]["rel_rms"] <= u["tol"] and v["seconds"] > 0
+    assert [w for w, _ in rec["timeline"]].index("unseen shapes checked") < [w for w, _ in rec["timeline"]].index(
+        "round 1: workers ready")
+    # the one line a person reads, from the record as stored
+    console = Console(record=True, width=200)
+    print_bench(record_mod.read(rec["path"]), console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("unseen shapes:"))
+    assert line == (f"unseen shapes: 8 checked, 0 differ, {u['seconds']:.1f} s ({u['share']:.0%} of the run), seed 0")
+    print(json.dumps({"unseen_seconds": u["seconds"], "share": u["share"], "wall_s": rec["wall_s"]}))
+
+
+def test_a_wrong_result_cannot_be_allowed(repo):
+    for rule in ("unseen-shape-differs", "differs-from-base"):
+        r = flaloop(repo, "audit", OP, "--allow", rule, "--why", "the small shapes do not matter to us")
+        assert r.code == 2 and "cannot be allowed" in r.stdout + r.stderr, r.stdout + r.stderr
