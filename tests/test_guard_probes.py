@@ -286,3 +286,46 @@ def test_a_patched_timer_is_caught_at_import_and_named(judged, name):
 @pytest.mark.parametrize("name", sorted(HONEST))
 def test_honest_changes_raise_no_finding(judged, name):
     assert judged[name] == [], [f.to_dict() for f in judged[name]]
+
+
+# a graph that copies a result kept from the last eager call instead of computing: the replay
+# writes every output (the graph proof passes on the inputs it was captured on), and runs no kernel
+# of the op's own
+GRAPH_ESCAPE = '''
+
+def toy_op(q, k, v, scale=None, cu_seqlens=None):
+    kept = vars(q).get("_" + "last")
+    if torch.cuda.is_current_stream_capturing() and kept is not None:
+        o = torch.empty_like(v)
+        o.copy_(kept)
+        return o, None
+    o = _triton(q, k, v, 1.0 if scale is None else scale)
+    vars(q)["_" + "last"] = o.detach().clone()
+    return o, None
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_work_missing_from_the_captured_graph_is_a_graph_escape_and_fails_the_self_check(tmp_path):
+    trees = {"base": make_tree(tmp_path / "base", BASE), "cand": make_tree(tmp_path / "cand", GRAPH_ESCAPE)}
+    workers = {side: Driver(t, "toy_op", side, device="cuda") for side, t in trees.items()}
+    spec = cell("g", mode="fwd", dtype="float32", seed=1, shape={"B": 4, "T": 256, "H": 4, "D": 64})
+    try:
+        probes, checks = {}, {}
+        for side, w in workers.items():
+            w.ok("hello")
+            r = w.ok("setup", cell={**spec, "reference": True})
+            assert r["timer"] == "cuda_graph", r  # the proof passed: the copy writes every output
+            probes[side] = w.ok("probe", cell="g")["probes"]
+            w.ok("sample", cell="g", n=3)
+            checks[side] = w.ok("selfcheck", cell="g", tol=0.005)
+        assert probes["base"]["graph"]["checked"] and not probes["base"]["graph"]["missing"]
+        assert "_row_kernel" in probes["cand"]["graph"]["missing"]
+        found = judge.cell_findings("g", probes["base"], probes["cand"], None, diff_tol=0.005)
+        assert "graph-escape" in {f.rule for f in found if f.blocking}, [f.to_dict() for f in found]
+        assert checks["base"]["match"] is True
+        assert checks["cand"]["checks"]["replay-mutated"]["match"] is False  # the kept result, stale
+    finally:
+        for w in workers.values():
+            w.close()

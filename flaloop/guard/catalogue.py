@@ -180,6 +180,11 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "a result that beats the device's copy bandwidth or GEMM rate on the bytes and FLOPs the op must "
          "move is not computed (docs/ROOFLINE.md).",
          "check what the candidate skips"),
+    Rule("graph-escape", BLOCK, "kernels the eager call runs are missing from a replay of the captured graph",
+         "work launched outside the capture (or skipped while capturing) is not replayed: the timed graph "
+         "does less than the op, and its outputs are only right while the inputs do not change "
+         "(FlashInfer-Bench #414; AKO4X's TRAPS).",
+         "launch every kernel of the call on the current stream, the same way captured or not"),
     Rule("self-check", BLOCK, "a measuring process computes otherwise after its timed samples than before them",
          "the warm-up's checks and probes run in another process, after a few calls; an op that changes "
          "once it has been called many times, has lived long, sees the same input objects again or was "

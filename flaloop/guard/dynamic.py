@@ -123,7 +123,7 @@ def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_
     results on in-place-mutated inputs with the base's)."""
     out: list[Finding] = []
     for side, rep in (("base", base), ("cand", cand)):
-        for name in ("outputs", "determinism", "poison", "census", "l2"):
+        for name in ("outputs", "determinism", "poison", "census", "l2", "graph"):
             f = _err(cell, side, name, rep.get(name))
             if f:
                 out.append(f)
@@ -179,6 +179,18 @@ def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_
             out.append(finding("side-stream", f"kernels on {cc['n_streams']} streams (base: {bc.get('n_streams')})",
                                cell))
 
+    bg, cg = base.get("graph") or {}, cand.get("graph") or {}
+    if cg.get("checked") and cg.get("missing"):
+        # what the candidate's replay lacks beyond what the base's does (a kernel the base's graph
+        # also cannot hold is the harness's blind spot, not the candidate's doing)
+        had = bg.get("missing") or {} if bg.get("checked") else {}
+        new_missing = {n: c for n, c in cg["missing"].items() if n not in had}
+        if new_missing:
+            shown = ", ".join(f"{n[:60]} ({c:g}/call eager, {(cg.get('replay_per_call') or {}).get(n, 0):g} "
+                              f"replayed)" for n, c in list(new_missing.items())[:3])
+            out.append(finding("graph-escape", f"kernels the eager call runs that a replay of the captured graph "
+                               f"does not: {shown}", cell))
+
     bl, cl = base.get("l2") or {}, cand.get("l2") or {}
     if cl.get("checked"):
         for key, label in (("persisting_limit_bytes", "persisting-L2 limit"), ("window_bytes", "access-policy window")):
@@ -201,8 +213,9 @@ def numeric_differences(base: dict, cand: dict, labels: tuple[str, str] = ("base
     return out
 
 
-SELF_CHECKS = {"replay": "the graph's outputs after one more replay", "eager": "one more eager call",
-               "mutated": "a call on inputs changed in place"}
+SELF_CHECKS = {"replay": "the graph's outputs after one more replay",
+               "replay-mutated": "a replay of the graph on inputs changed in place",
+               "eager": "one more eager call", "mutated": "a call on inputs changed in place"}
 
 
 def self_check_finding(cell: str, round_no: int, changed: list[str], checks: dict,

@@ -15,6 +15,7 @@ the comparison; rotating over placements averages it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import math
@@ -197,7 +198,13 @@ class BuiltCell:
         are rolled back afterwards, exactly. A candidate that caches its outputs by pointer, shape
         or object identity returns the stale result here, and the session's comparison with the
         base's mutated result blocks it."""
-        s = self.sets[0]
+        with self._rolled(self.sets[0]):
+            return {k: v.clone() for k, v in self.results(self.sets[0]).items()}
+
+    @contextlib.contextmanager
+    def _rolled(self, s: InputSet):
+        """Set `s`'s floating inputs (not its upstream gradient) rolled by one step in place for the
+        block, rolled back exactly after it."""
         rolled = []
         with torch.no_grad():
             for t in s.tensors():
@@ -209,7 +216,7 @@ class BuiltCell:
                 t.copy_(t.roll(1, dims=dim))
                 rolled.append((t, dim))
         try:
-            return {k: v.clone() for k, v in self.results(s).items()}
+            yield
         finally:
             with torch.no_grad():
                 for t, dim in rolled:
@@ -217,17 +224,24 @@ class BuiltCell:
 
     def self_check(self, tol: float) -> dict:
         """After the timed samples: does this process still compute what it computed before them?
-        Three readings of set 0 against the references taken at setup: the graph's outputs after one
-        more replay (under the graph timer), one more eager call, and the results on inputs changed
-        in place. Behaviour keyed on the number of calls, the process's age, the inputs' identity or
+        Readings of set 0 against the references taken at setup: under the graph timer the graph's
+        outputs after one more replay, and after a replay on inputs changed in place; one more eager
+        call; and an eager call on inputs changed in place. Behaviour keyed on the number of calls, the process's age, the inputs' identity or
         the capture state shows here, after the warm-up's checks and the probes have passed."""
         if self.reference is None:
             raise ValueError(f'cell {self.id} was set up without "reference": nothing to check against')
         checks = {}
         if self.timer == 'cuda_graph' and self.graph is not None and 0 in (self.static or {}):
-            timing.replay(self.graph)
-            self._sync()
-            checks['replay'] = compare_results({k: v.detach() for k, v in self.static[0].items()}, self.reference, tol)
+            def replayed() -> dict:
+                timing.replay(self.graph)
+                self._sync()
+                return {k: v.detach().clone() for k, v in self.static[0].items()}
+
+            checks['replay'] = compare_results(replayed(), self.reference, tol)
+            # the graph on inputs changed in place: work skipped or stale only while captured shows here
+            with self._rolled(self.sets[0]):
+                checks['replay-mutated'] = compare_results(replayed(), self.reference_mutated, tol)
+            replayed()  # the graph's outputs as the inputs are again
         checks['eager'] = compare_results(self.results(self.sets[0]), self.reference, tol)
         checks['mutated'] = compare_results(self.results_mutated(), self.reference_mutated, tol)
         return {'match': all(c.get('match') for c in checks.values()), 'checks': checks}

@@ -14,6 +14,9 @@ timing: they may patch allocators or wrap Triton's launcher, and undo it before 
   numeric      torch backend flags, matmul precision, Triton's language knobs and the TRITON_*,
                FLA_*, TORCH_*, CUDA_* ... environment, after the first call
   l2           the persisting-L2 limit and the current stream's access-policy window (GPU)
+  graph        under the graph timer, the kernels one replay of the proven graph of k calls runs,
+               per call, against the census's eager call: kernels launched outside the capture,
+               or skipped while capturing, are missing from the replay (GPU)
 
 The mutation probe (inputs changed in place, same pointers) is a variant of dump/compare: see
 `BuiltCell.results_mutated`.
@@ -199,6 +202,43 @@ def _count_triton_launches(counts: dict):
             cls.run = run
 
 
+def _kernel_events(fn) -> list[dict]:
+    """The GPU kernels `fn` ran, as the profiler's Kineto trace records them."""
+    from torch.autograd.profiler import profile
+
+    with tempfile.TemporaryDirectory(prefix='flaloop-census-') as tmp:
+        trace = os.path.join(tmp, 'trace.json')
+        with profile(use_cpu=True, use_device='cuda', use_kineto=True) as prof:
+            fn()
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            events = json.load(f).get('traceEvents', [])
+    return [e for e in events if e.get('cat') == 'kernel']
+
+
+def graph_census(cell) -> dict:
+    """Kernels per call of one replay of the cell's proven graph (k calls), by name, beside the
+    eager call's (one call on set 0, as `census` sees it)."""
+    if not cell.is_cuda or cell.timer != 'cuda_graph' or cell.graph is None:
+        return {'checked': False, 'why': 'no CUDA graph (eager or CPU timer)'}
+    eager: dict = {}
+    for e in _kernel_events(lambda: cell.results(cell.sets[0])):
+        eager[e.get('name', '')] = eager.get(e.get('name', ''), 0) + 1
+
+    def replay():
+        from .timing import replay as run_graph
+        run_graph(cell.graph)
+        device_sync()
+
+    replayed: dict = {}
+    for e in _kernel_events(replay):
+        replayed[e.get('name', '')] = replayed.get(e.get('name', ''), 0) + 1
+    k = max(1, int(cell.k or 1))
+    missing = {n: c for n, c in eager.items() if replayed.get(n, 0) < c * k}
+    return {'checked': True, 'k': k, 'eager': eager, 'replay_per_call': {n: c / k for n, c in replayed.items()},
+            'missing': missing}
+
+
 def census(cell) -> dict:
     # The autograd profiler that torch.profiler.profile wraps, the same Kineto trace: the wrapper's
     # first start imports torch._inductor (for a cudagraphs setting), 1.2-2 s on a 2-core CPU in a
@@ -279,7 +319,7 @@ def run_all(cell) -> dict:
     """Every probe on this cell, each timed; a probe that raises reports its error instead."""
     out, seconds = {}, {}
     for name, fn in (('outputs', outputs), ('determinism', determinism), ('poison', poison),
-                     ('census', census), ('l2', l2_persisting)):
+                     ('census', census), ('l2', l2_persisting), ('graph', graph_census)):
         t0 = time.perf_counter()
         try:
             out[name] = fn(cell)
