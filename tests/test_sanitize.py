@@ -321,7 +321,7 @@ def test_the_tools_run_at_once_and_jobs_1_runs_them_one_after_another(tmp_path, 
         stamps = tmp_path / f"stamps-{jobs}"
         r = flaloop(repo, "sanitize", OP, "--tool", "memcheck,initcheck", "--jobs", jobs, "--json",
                     env={"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
-                         "FAKE_SANITIZER_STAMPS": str(stamps), "FAKE_SANITIZER_SLEEP": "1"})
+                         "FAKE_SANITIZER_STAMPS": str(stamps), "FAKE_SANITIZER_SLEEP": "0.5"})
         assert r.code == 0, r.stdout + r.stderr
         assert list(r.json["tools"]) == ["memcheck", "initcheck"]  # the document keeps the tools' order
         assert all(set(t["sides"]) == {"base", "cand"} for t in r.json["tools"].values())

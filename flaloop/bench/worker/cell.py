@@ -130,7 +130,11 @@ class BuiltCell:
         # the two sides, since a different pick on an unchanged kernel is noise, not a win.
         self.tuning = tuning_added(tuned_before, tuning_snapshot())
 
-        nonfinite_counts = {name: nonfinite(t) for name, t in self.results(self.sets[0]).items()}
+        first = self.results(self.sets[0])
+        nonfinite_counts = {name: nonfinite(t) for name, t in first.items()}
+        if self.want_reference:  # the self-check's reference: set 0 before any timed sample
+            self.reference = {k: v.clone() for k, v in first.items()}
+        del first
 
         if self.k is not None:
             self.k = int(self.k)
@@ -147,7 +151,6 @@ class BuiltCell:
         if self.is_cuda and self.placements_req > 1:
             self._add_placements(varlen_kw, max(self._held_bytes() - held_before, self.n_sets * self.set_bytes))
         if self.want_reference:
-            self.reference = {k: v.clone() for k, v in self.results(self.sets[0]).items()}
             self.reference_mutated = self.results_mutated()
 
         return {
