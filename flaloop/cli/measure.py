@@ -50,7 +50,9 @@ from flaloop.target import Target
 
 @dataclass
 class GateOptions:
-    workers: Annotated[int, typer.Option("--workers", help="Run the gate over N pytest-xdist workers.")] = 0
+    workers: Annotated[int, typer.Option("--workers", help="Run the gate over N pytest-xdist workers (default: "
+                                         "on a GPU up to 8 a GPU and one per two CPU cores; none without a GPU; "
+                                         "1: one test at a time).")] = 0
     gpus: Annotated[str | None, typer.Option(
         "--gpus", metavar=LIST, help="GPUs to use, e.g. 0,1: the gate's xdist worker i runs on GPU i mod n; with several, "
                        "verify benches on the last one while the gate runs on the others.")] = None
