@@ -272,13 +272,15 @@ def parse_speedup(text: str) -> float:
     return float(m.group(1))
 
 
-def parse_overrides(items: list[str]) -> dict[str, str]:
+def parse_overrides(items: list[str], flag: str = "--input", shape: str = "NAME=TRANSFORM",
+                    example: str = "k=l2norm") -> dict[str, str]:
+    """NAME=VALUE items (of --input, --cand-env) as a dict; a UsageError naming the flag otherwise."""
     out = {}
     for item in items:
-        name, sep, transform = item.partition("=")
-        if not sep or not name or not transform:
-            raise UsageError(f"--input {item!r} is not NAME=TRANSFORM", "e.g. --input k=l2norm")
-        out[name.strip()] = transform.strip()
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UsageError(f"{flag} {item!r} is not {shape}", f"e.g. {flag} {example}")
+        out[name.strip()] = value.strip()
     return out
 
 

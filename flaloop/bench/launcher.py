@@ -123,9 +123,11 @@ class SpawnLauncher:
     """One plain subprocess of the target's interpreter per worker."""
 
     def __init__(self, *, python: str, op: str, registry: Path, device: str, env: dict,
-                 gpu: str | None = None, why: str = "not asked for (--no-forkserver)"):
+                 gpu: str | None = None, why: str = "not asked for (--no-forkserver)",
+                 side_env: dict[str, dict] | None = None):
         self.python, self.op, self.registry, self.device = python, op, registry, device
         self.env = {**env, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
+        self.side_env = {side: dict(e) for side, e in (side_env or {}).items() if e}  # --cand-env
         self.started: list[WorkerClient] = []
         self.forkserver: dict = {"used": False, "why": why}
 
@@ -133,12 +135,13 @@ class SpawnLauncher:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = procs.CappedLog(log_path)  # a chatty op cannot fill the disk
         args = worker_args(side, tree, self.registry, self.op, self.device, log_path.parent, import_mode)
+        env = {**self.env, **self.side_env.get(side, {})}
         try:
             if server is not None:
-                pid, stdin, stdout = server.spawn(args, tree, self.env, log)
+                pid, stdin, stdout = server.spawn(args, tree, env, log)
                 proc = ForkedProc(server, pid, stdin, stdout)
             else:
-                proc = SpawnedProc([self.python, "-u", str(WORKER), *args], tree, self.env, log)
+                proc = SpawnedProc([self.python, "-u", str(WORKER), *args], tree, env, log)
         except BaseException:
             log.close()
             raise
@@ -257,8 +260,15 @@ class ForkLauncher(SpawnLauncher):
 
 
 def make_launcher(*, forkserver: bool, python: str, op: str, registry: Path, device: str, env: dict,
-                  import_mode: str, gpu: str | None = None) -> SpawnLauncher:
-    """The launcher a real measurement uses: forked workers unless the config says otherwise."""
+                  import_mode: str, gpu: str | None = None, cand_env: dict | None = None) -> SpawnLauncher:
+    """The launcher a real measurement uses: forked workers unless the config says otherwise. With
+    `cand_env` (--cand-env) both sides are spawned: a fork server's preloaded libraries read their
+    environment at import, before the candidate's could be set, and forking one side only would
+    make the sides' processes differ by more than that environment."""
+    if cand_env:
+        return SpawnLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu,
+                             why="--cand-env: both sides spawned, so that the candidate's environment is there "
+                                 "from its first import", side_env={"cand": cand_env})
     if not forkserver:
         return SpawnLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu)
     return ForkLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -25,6 +26,9 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32
 DEVICES = ("auto", "cuda", "cpu")
 IMPORT_MODES = ("full", "lean")
 MAX_UNSEEN = 64  # unseen shapes (each costs a setup and two calls a side and mode)
+# what flaloop sets for both sides' workers, which --cand-env may not change
+RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING", "PYTHONPATH",
+                          "TRITON_INTERPRET"})
 
 
 def opt(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, cli: bool = True,  # noqa: A002
@@ -61,6 +65,12 @@ class BenchConfig:
     diff_tol: float = opt(0.005, "Relative RMS error allowed between base and candidate.")
     inputs: dict[str, str] = opt(factory=dict, help="Override an input's transform: k=l2norm (repeatable; "
                                  "the contract's overrides apply too).", flags=("--input",), kind="assign")
+    # Backend against backend: the same code, the candidate's workers with a variable set (FLA's
+    # FLA_TILELANG=1, say). Both sides are then spawned (a fork server's preloaded libraries read
+    # their environment at import), and the numeric-settings probe expects exactly these differences.
+    cand_env: dict[str, str] = opt(factory=dict, help="Set an environment variable for the candidate's workers "
+                                   "only: FLA_TILELANG=1 (repeatable); with an unchanged tree, one backend "
+                                   "against another.", flags=("--cand-env",), kind="assign")
     worker_timeout: float = opt(1800.0, "Seconds a worker may take to answer (compile included).")
     # Triton's autotuner picks by timing, so two processes running the same kernel can pick
     # different configs: noise that would read as a win or a loss of the candidate. Shared (the
@@ -153,6 +163,12 @@ class BenchConfig:
             raise UsageError(f"--rounds {self.rounds}: need at least 1 (2 or more let a per-process effect show)")
         if self.max_rounds < 0:
             raise UsageError(f"--max-rounds {self.max_rounds}: need 0 or more (at most --rounds: no extra rounds)")
+        for name in self.cand_env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise UsageError(f"--cand-env {name}: not an environment variable's name", "e.g. --cand-env FLA_TILELANG=1")
+            if name in RESERVED_ENV or name.startswith("FLALOOP_"):
+                raise UsageError(f"--cand-env {name}: flaloop sets it for both sides (the device, the caches, "
+                                 "its own settings)", "switch a backend or a library setting instead")
         if not 0 <= self.unseen_shapes <= MAX_UNSEEN:
             raise UsageError(f"--unseen-shapes {self.unseen_shapes}: need 0 (off) to {MAX_UNSEEN}")
         if self.placements < 1:

@@ -128,7 +128,8 @@ def probe(s: Session, res: CellResult) -> None:
         s.out.probe_seconds += time.monotonic() - t0
     res.probes = {"base": b["probes"], "cand": c["probes"], "mutated": mutated,
                   "seconds": {"base": b.get("seconds"), "cand": c.get("seconds"), "mutated": mutated.get("seconds")}}
-    found = dynamic.cell_findings(res.cell.id, b["probes"], c["probes"], mutated, s.cfg.diff_tol, aa=s.cfg.aa)
+    found = dynamic.cell_findings(res.cell.id, b["probes"], c["probes"], mutated, s.cfg.diff_tol, aa=s.cfg.aa,
+                                  cand_env=s.cfg.cand_env)
     res.findings = apply_allowances(found, s.allowed)
     blocking = sorted({f.rule for f in res.findings if f.blocking})
     if blocking:

@@ -82,7 +82,9 @@ def _config(self, c: contract_mod.Contract, aa: bool = False) -> BenchConfig:
         elif kind == "csv":
             value = [m for m in value.split(",") if m] if value is not None else list(getattr(c, f.name))
         elif kind == "assign":
-            value = contract_mod.parse_overrides(value or [])
+            flag = (f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),))[0]
+            value = (contract_mod.parse_overrides(value or []) if flag == "--input" else
+                     contract_mod.parse_overrides(value or [], flag, "NAME=VALUE", "FLA_TILELANG=1"))
         elif f.metadata.get("from_contract"):
             value = bool(value) or bool(getattr(c, f.name))
         values[f.name] = value

@@ -122,6 +122,9 @@ def print_bench(record: RunRecord, console: Console) -> None:
     parts += [f"{k} {env[key]}" for k, key in (("driver", "driver"), ("CUDA", "cuda"), ("torch", "torch"),
                                                ("triton", "triton")) if env.get(key)]
     parts += [f"base {record.base.commit[:12]}", f"candidate {'A/A' if record.aa else tree_label(record.candidate)}"]
+    cand_env = getattr(record.config, "cand_env", None) or {}
+    if cand_env:
+        parts.append("candidate's environment " + " ".join(f"{k}={v}" for k, v in sorted(cand_env.items())))
     console.print(" | ".join(parts))
     if env.get("nvml") not in (None, "ok", "no GPU"):
         console.print(f"[yellow]no clock evidence: {escape(str(env['nvml']))}[/]", markup=True)

@@ -118,9 +118,10 @@ def _err(cell: str, side: str, name: str, report: dict) -> Finding | None:
 
 
 def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_tol: float,
-                  aa: bool = False) -> list[Finding]:
+                  aa: bool = False, cand_env: dict | None = None) -> list[Finding]:
     """Findings from both sides' probe reports of one cell (and the candidate's comparison of its
-    results on in-place-mutated inputs with the base's)."""
+    results on in-place-mutated inputs with the base's). `cand_env` (--cand-env): environment
+    differences asked for, which the numeric-settings probe expects rather than reports."""
     out: list[Finding] = []
     for side, rep in (("base", base), ("cand", cand)):
         for name in ("outputs", "determinism", "poison", "census", "l2", "graph"):
@@ -197,17 +198,22 @@ def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_
             if (cl.get(key) or 0) > (bl.get(key) or 0):
                 out.append(finding("l2-persisting", f"{label} {cl[key]} bytes (base {bl.get(key)})", cell))
 
-    diffs = numeric_differences(base.get("numeric") or {}, cand.get("numeric") or {})
+    diffs = numeric_differences(base.get("numeric") or {}, cand.get("numeric") or {}, expected=cand_env)
     if diffs:
         out.append(finding("numeric-settings", "; ".join(diffs[:8]), cell))
     return out
 
 
-def numeric_differences(base: dict, cand: dict, labels: tuple[str, str] = ("base", "candidate")) -> list[str]:
+def numeric_differences(base: dict, cand: dict, labels: tuple[str, str] = ("base", "candidate"),
+                        expected: dict | None = None) -> list[str]:
+    """What differs between two numeric reports; an environment variable in `expected` is not a
+    difference when the second side has exactly the value asked for."""
     out = []
     for group in ("flags", "triton", "env"):
         b, c = base.get(group) or {}, cand.get(group) or {}
         for key in sorted(set(b) | set(c)):
+            if group == "env" and key in (expected or {}) and c.get(key) == str(expected[key]):
+                continue
             if b.get(key) != c.get(key):
                 out.append(f"{key}: {labels[0]} {b.get(key)!r}, {labels[1]} {c.get(key)!r}")
     return out
