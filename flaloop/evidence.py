@@ -237,7 +237,7 @@ def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: 
         return {"available": False, "reason": "NVML gave no reading"}
     out = _summarize(readings)
     ours = {int(p) for p in own_pids}
-    occ = occupancy(clocks, ours)
+    occ = occupancy(clocks, ours, with_memory=True)
     others = occ["foreign"] if occ else []
     idle_clock = any(int(r.get("throttle_reasons") or 0) & 0x1 for r in readings)
     at_clock = (out["sm_fraction_min"] or 0) >= IDLE_CLOCK_FLOOR or idle_clock
@@ -283,11 +283,12 @@ def process_name(pid: int) -> str | None:
         return None
 
 
-def occupancy(clocks: Clocks | None, own_pids: Iterable[int]) -> dict | None:
+def occupancy(clocks: Clocks | None, own_pids: Iterable[int], with_memory: bool = False) -> dict | None:
     """Who is on the GPU now: the compute and graphics processes that are not ours (`own_pids`),
     with their memory and name, and the device's used memory. `visible` is False when NVML lists
     none of our own processes although they are there (then a foreign one would not show either).
-    None without NVML."""
+    The device's used memory only `with_memory` (one NVML call fewer after every pair). None
+    without NVML."""
     if clocks is None or not clocks.available:
         return None
     listed = clocks.processes()
@@ -297,7 +298,7 @@ def occupancy(clocks: Clocks | None, own_pids: Iterable[int]) -> dict | None:
     foreign = [{**p, "name": process_name(p["pid"])} for p in listed if p["pid"] not in ours]
     seen_ours = [p["pid"] for p in listed if p["pid"] in ours]
     return {"foreign": foreign, "visible": bool(seen_ours) or not ours, "own_listed": seen_ours,
-            "used_mib": clocks.memory_used_mib()}
+            "used_mib": clocks.memory_used_mib() if with_memory else None}
 
 
 def contention(pairs: Iterable, idle: dict | None = None) -> dict:
