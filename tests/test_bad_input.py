@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import flaloop, git, make_toy_repo
 
+# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
 QUICK = ["--device", "cpu", "--min-pairs", "4", "--max-pairs", "6", "--cell-seconds", "20", "--modes", "fwd",
-         "--rounds", "1"]
+         "--rounds", "1", "--unseen-shapes", "0"]
 
 
 def refused(r, code: int, *fragments: str) -> None:

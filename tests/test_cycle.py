@@ -11,7 +11,8 @@ from conftest import edit, flaloop
 from flaloop.cli.measure import GateOptions, gate_plan
 
 FAST = "toyop/ops/toy/fast.py"
-QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20", "--rounds", "1"]
+# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20", "--rounds", "1", "--unseen-shapes", "0"]
 
 
 def test_a_green_gate_of_the_same_tree_state_is_reused_and_only_then(toy):

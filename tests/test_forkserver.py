@@ -16,7 +16,8 @@ from flaloop import git
 from flaloop.bench import forkservers
 
 FAST = Path("toyop/ops/toy/fast.py")
-QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20", "--modes", "fwd"]
+# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20", "--modes", "fwd", "--unseen-shapes", "0"]
 
 
 def children(pid: int) -> list[int]:

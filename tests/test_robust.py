@@ -29,7 +29,8 @@ from conftest import (
 )
 
 FAST = Path("toyop/ops/toy/fast.py")
-QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30"]
+# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30", "--unseen-shapes", "0"]
 WORKER = Path(__file__).resolve().parents[1] / "flaloop" / "bench" / "worker" / "__main__.py"
 
 
