@@ -254,12 +254,8 @@ def stale_owner(entry: WorktreeEntry) -> int | None:
 
 def pid_is_flaloop(pid: int) -> bool:
     """Whether `pid` is alive and (where /proc tells) a flaloop process, not a reused pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not procs.exists(pid):
         return False
-    except PermissionError:
-        pass  # alive, someone else's
     try:
         return b"flaloop" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -291,23 +287,13 @@ def reap_stale_tempdirs(tmp: Path | None = None) -> list[Path]:
         for d in tmp.glob(f"{prefix}*"):
             try:
                 pid, where = (d / OWNER_FILE).read_text().split()
-                dead = where == host and not _exists(int(pid))
+                dead = where == host and not procs.exists(int(pid))
             except (OSError, ValueError):
                 continue
             if dead:
                 shutil.rmtree(d, ignore_errors=True)
                 gone.append(d)
     return gone
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def changed_since(root: Path, commit: str) -> list[tuple[str, str, str]]:

@@ -89,6 +89,42 @@ def _pdeathsig(parent: int) -> Callable[[], None]:
     return preexec
 
 
+def exists(pid: int) -> bool:
+    """Whether a process `pid` exists (anyone's, a zombie too), by signal 0: no /proc needed."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, someone else's
+    return True
+
+
+def follow(proc: subprocess.Popen, stream, on_line: Callable[[str], None], timeout: float) -> bool:
+    """Hand each line of `stream` (one of `proc`'s pipes) to `on_line` until it ends, then wait for
+    `proc`; kill its group after `timeout` seconds, or on any exception (re-raised). Returns
+    whether the timeout killed it."""
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        kill_popen(proc)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        for line in stream:
+            on_line(line)
+        proc.wait()
+    except BaseException:
+        kill_popen(proc)
+        raise
+    finally:
+        timer.cancel()
+    return expired.is_set()
+
+
 def running(pid: int) -> bool:
     """True while `pid` runs (a zombie counts as gone): for processes that are not our children."""
     try:

@@ -79,7 +79,7 @@ def _run_step(python: str, tree: Path, registry: Path, op: str, wire: dict, out:
     return run_step_script(cmd, tree, env, timeout, out / f"step-{side}{'-ncu' if prefix else ''}.json", side)
 
 
-CELL_MARKER = "flaloop-cell "  # a step script's line (on stderr) as it starts a cell
+CELL_MARKER = "flaloop-cell "  # a step script's line as it starts a cell (profile_step, sanitize_step)
 
 
 def run_step_script(cmd: list[str], tree: Path, env: dict, timeout: float, result: Path, side: str,
@@ -88,34 +88,21 @@ def run_step_script(cmd: list[str], tree: Path, env: dict, timeout: float, resul
     MeasurementError naming the side when it times out, dies without a result or reports a failure.
     `on_cell` hears each cell the script starts, as it starts it."""
     err: list[str] = []
+
+    def on_line(line: str) -> None:
+        err.append(line)
+        if on_cell and line.startswith(CELL_MARKER):
+            on_cell(line[len(CELL_MARKER):].strip())
+
     with procs.spawn(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                      errors="replace", bufsize=1) as proc:
         outs: list[str] = []
         reader = threading.Thread(target=lambda: outs.append(proc.stdout.read()), daemon=True)
         reader.start()
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            procs.kill_popen(proc)
-
-        timer = threading.Timer(timeout, expire)
-        timer.daemon = True
-        timer.start()
-        try:
-            for line in proc.stderr:
-                err.append(line)
-                if on_cell and line.startswith(CELL_MARKER):
-                    on_cell(line[len(CELL_MARKER):].strip())
-            proc.wait()
-        except BaseException:
-            procs.kill_popen(proc)
-            raise
-        finally:
-            timer.cancel()
+        expired = procs.follow(proc, proc.stderr, on_line, timeout)
         reader.join(5)
     stdout, stderr = "".join(outs), "".join(err)
-    if expired.is_set():
+    if expired:
         raise MeasurementError(f"profiling the {side} side took longer than {timeout:.0f}s")
     if not result.exists():
         raise MeasurementError(f"the profile probe died on the {side} side (exit {proc.returncode})",

@@ -41,7 +41,7 @@ from flaloop.bench.record import now_stamp
 from flaloop.errors import UsageError
 from flaloop.guard import catalogue
 from flaloop.guard.findings import BLOCK, WARN, Finding, apply_allowances
-from flaloop.profiling import check_provenance, step_env
+from flaloop.profiling import CELL_MARKER, check_provenance, step_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "sanitize_step.py"
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -55,7 +55,7 @@ PRINT_LIMIT = 1000          # error records printed per run (the summary still c
 DEFAULT_TIMEOUT = 3600.0    # seconds per process: every kernel runs instrumented
 CUDA_DIRS = ("/usr/local/cuda/bin",)
 
-MARKER = "flaloop-cell "
+MARKER = CELL_MARKER  # the step script names each cell before running it
 STARTUP = "(start-up)"      # records before the first cell: imports, the worker's hello
 # the step script names "(exit)" after the last cell: teardown belongs to no cell
 PREFIX = "========="
@@ -294,33 +294,22 @@ def _run_logged(cmd: list[str], *, cwd: Path, env: dict, log: Path, timeout: flo
                 on_line: Callable[[str], None], running: Running | None = None) -> tuple[int | None, bool]:
     """Run `cmd` with stdout and stderr, in order, into `log`; each line also to `on_line`.
     Returns (exit code, whether it was killed for taking longer than `timeout`)."""
-    timed_out = threading.Event()
     with open(log, "w", encoding="utf-8", errors="replace") as fh, \
             procs.spawn(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         errors="replace", bufsize=1) as proc:
         if running is not None:
             running.add(proc)
 
-        def expire() -> None:
-            timed_out.set()
-            procs.kill_popen(proc)
+        def write(line: str) -> None:
+            fh.write(line)
+            on_line(line)
 
-        timer = threading.Timer(timeout, expire)
-        timer.daemon = True
-        timer.start()
         try:
-            for line in proc.stdout:
-                fh.write(line)
-                on_line(line)
-            proc.wait()
-        except BaseException:
-            procs.kill_popen(proc)
-            raise
+            timed_out = procs.follow(proc, proc.stdout, write, timeout)
         finally:
-            timer.cancel()
             if running is not None:
                 running.discard(proc)
-    return (None if timed_out.is_set() else proc.returncode), timed_out.is_set()
+    return (None if timed_out else proc.returncode), timed_out
 
 
 def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registry: Path, op: str,

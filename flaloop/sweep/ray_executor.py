@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from flaloop import fsutil, git
+from flaloop import fsutil, git, procs
 from flaloop.errors import UsageError
 from flaloop.sweep.job import Job, JobContext, JobResult, run_job
 
@@ -64,22 +64,12 @@ def _reap(root: Path) -> None:
     for owner in root.glob(f"*/*/{OWNER}"):
         try:
             pid, where = owner.read_text().split()
-            if where == host and not _alive(int(pid)):
+            if where == host and not procs.exists(int(pid)):
                 shutil.rmtree(owner.parent, ignore_errors=True)
                 with contextlib.suppress(OSError):
                     owner.parent.parent.rmdir()  # the sweep's directory, once its last task's is gone
         except (OSError, ValueError):
             continue
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _events(queue, key: str) -> Callable[..., None]:
