@@ -25,6 +25,9 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
   integrity a bench beside another process's load (marked contended; --exclusive refuses), FLA's
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
+  reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py)
+  plants    `flaloop sanitize` on defects planted in FLA (a read past the end, an uninitialized read,
+            a shared-memory race in PTX and in Gluon), each with its tool, then the gate on each
   evidence  a varlen loop (baseline, an honest iteration, explain, the profile-backed stop --go, report), then
             `flaloop sanitize` on the kept change and on planted defects (a read past the end, an
             uninitialized read, a shared-memory race) and the gate on the first
@@ -50,7 +53,7 @@ from harness import (  # benchmarks/ is the script's directory, first on sys.pat
     say,
     write,
 )
-from suites_explain import suite_evidence
+from suites_explain import suite_evidence, suite_plants, suite_reach
 from suites_integrity import suite_integrity
 from suites_measure import (
     suite_aa_slowdown,
@@ -75,7 +78,7 @@ from suites_tools import (
 SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "aa": suite_aa_slowdown, "slowdown": suite_slowdown,
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
-          "sweep": suite_sweep, "evidence": suite_evidence, "integrity": suite_integrity}
+          "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "integrity": suite_integrity}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -107,6 +110,9 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # Its cold baseline alone ran past 1,030 s on one H200 (twelfth session): give it a session of
          # its own, `--deadline 1700` and three `wait 560`.
          "h200-evidence": [[["machine", "evidence"]]],
+         # issue 22's planted defects alone (no baseline): what compute-sanitizer can see on small
+         # kernels (sanitizer_reach.py), then each FLA plant under its tool, then the gate on each
+         "h200-plants": [[["machine", "reach", "plants"]]],
          # issue 23 on one GPU: contention, --exclusive, #988 undone, the guard's cost (no gate: bench only)
          "h200-integrity": [[["machine", "integrity"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}

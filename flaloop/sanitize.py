@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -50,6 +51,11 @@ TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # earlier tensor's writes (initcheck sees it). Inside the allocator's pool both pass unseen.
 TOOL_ENV = {"memcheck": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
             "initcheck": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}}
+# memcheck sees an access only where it leaves every allocation; without caching tensors still sit
+# side by side (the driver packs small cudaMallocs), so a read a few rows past one lands in the
+# next and passes. `--padding` puts this many unallocated bytes after each allocation: a
+# block-sized overrun (64 rows of 8 heads x 64 bf16 values is 64 KiB) falls into it.
+MEMCHECK_PADDING = 1 << 20
 ERROR_EXIT = 86             # compute-sanitizer's exit code when it found errors (--error-exitcode)
 PRINT_LIMIT = 1000          # error records printed per run (the summary still counts them all)
 DEFAULT_TIMEOUT = 3600.0    # seconds per process: every kernel runs instrumented
@@ -231,6 +237,23 @@ def find_sanitizer() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def sanitizer_options(exe: str) -> frozenset[str]:
+    """The long options this compute-sanitizer lists in `--help` (empty when it cannot say)."""
+    try:
+        proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(re.findall(r"^\s*(--[a-z][\w-]*)", proc.stdout, re.MULTILINE))
+
+
+def tool_flags(exe: str, tool: str) -> list[str]:
+    """What flaloop adds to compute-sanitizer's command line for `tool`, where this version has it."""
+    if tool == "memcheck" and "--padding" in sanitizer_options(exe):
+        return ["--padding", str(MEMCHECK_PADDING)]
+    return []
+
+
 def sanitizer_version(exe: str) -> str:
     try:
         proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
@@ -258,6 +281,7 @@ class SideRun:
     truncated: bool = False
     records: list[ErrorRecord] = field(default_factory=list)
     cells: list[dict] = field(default_factory=list)  # per cell: ok, error, setup_s, step_s, wall_s
+    flags: list[str] = field(default_factory=list)  # what flaloop added for this tool (tool_flags)
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "records": [r.to_dict() for r in self.records]}
@@ -318,8 +342,9 @@ def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registr
              running: Running | None = None) -> SideRun:
     """One compute-sanitizer process: `tool` over every cell of `cells_file`, on `tree`."""
     log, result = out / f"{tool}-{side}.log", out / f"{tool}-{side}.json"
+    flags = tool_flags(exe, tool)
     cmd = [exe, "--tool", tool, "--print-limit", str(print_limit), "--error-exitcode", str(ERROR_EXIT),
-           "--target-processes", "application-only",
+           "--target-processes", "application-only", *flags,
            python, "-u", str(SCRIPT), "--tree", str(tree), "--registry", str(registry), "--op", op,
            "--cells", str(cells_file), "--out", str(result), "--side", side]
     if device:
@@ -332,7 +357,7 @@ def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registr
     t0 = time.monotonic()
     code, timed_out = _run_logged(cmd, cwd=tree, env={**env, **TOOL_ENV.get(tool, {})}, log=log,
                                   timeout=timeout, on_line=on_line, running=running)
-    run = SideRun(side, tool, exit_code=code, wall_s=round(time.monotonic() - t0, 3), log=str(log))
+    run = SideRun(side, tool, exit_code=code, wall_s=round(time.monotonic() - t0, 3), log=str(log), flags=flags)
     parsed = parse_log(log.read_text(encoding="utf-8", errors="replace"))
     run.errors, run.warnings, run.truncated = parsed.errors, parsed.warnings, parsed.truncated
     run.records, run.instrumented = parsed.records, not parsed.no_cuda

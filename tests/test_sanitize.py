@@ -54,6 +54,9 @@ args = sys.argv[1:]
 if args == ["--version"]:
     print("NVIDIA (R) Compute Sanitizer\nVersion 2099.1.0 (a test's stand-in)")
     sys.exit(0)
+if args == ["--help"]:
+    print("Options:\n  --tool arg   the tool\n  --padding arg  bytes after each allocation\n  --print-limit arg")
+    sys.exit(0)
 opts = {}
 while args and args[0].startswith("--"):
     opts[args[0]], args = args[1], args[2:]
@@ -196,6 +199,8 @@ def test_the_document_records_both_sides_every_cell_and_what_each_cost(planted):
         assert Path(run["log"]).is_file() and "flaloop-cell " + FWD in Path(run["log"]).read_text()
         assert doc["cost"]["per_tool_s"]["memcheck"][side] > 0
         assert doc["cost"]["per_cell_s"][FWDBWD]["memcheck"][side] > 0
+        # the stand-in lists --padding in its --help: memcheck runs with a guard after every allocation
+        assert run["flags"] == ["--padding", str(sanitize_mod.MEMCHECK_PADDING)]
     base_log = mem["sides"]["base"]["log"]
     assert "/base" in json.loads(Path(base_log).with_suffix(".json").read_text())["hello"]["op_module_file"]
 
@@ -279,6 +284,19 @@ flaloop-cell X/fwdbwd
                                                    "Race reported between Write access and Read / Write access")
     assert (barrier.cell, barrier.kernel, barrier.where, barrier.count) == ("X/fwdbwd", "div_kernel", "div.cu:10", 2)
     assert log.errors == 16 and log.truncated
+
+
+def test_memcheck_pads_allocations_only_where_the_installed_tool_lists_the_option(tmp_path):
+    """An older compute-sanitizer without --padding, or one whose --help fails, gets no flag it
+    would refuse; the other tools never get it."""
+    for name, text, want in (("new", "  --padding arg  bytes\n  --tool arg", True), ("old", "  --tool arg", False)):
+        exe = tmp_path / name
+        exe.write_text(f"#!/bin/sh\nprintf '%s\\n' '{text}'\n")
+        exe.chmod(0o755)
+        got = sanitize_mod.tool_flags(str(exe), "memcheck")
+        assert got == (["--padding", str(sanitize_mod.MEMCHECK_PADDING)] if want else []), (name, got)
+        assert sanitize_mod.tool_flags(str(exe), "initcheck") == []
+    assert sanitize_mod.tool_flags(str(tmp_path / "missing"), "memcheck") == []
 
 
 def test_attach_blocks_the_named_cell_of_a_run_record():

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""What compute-sanitizer can see, measured on this GPU, with small kernels of known defects.
+
+    python3 benchmarks/sanitizer_reach.py [--out DIR]
+
+Three questions, each answered by runs of this same file under the tool (`--child CASE`):
+
+  reach   memcheck on a Triton kernel that reads past the end of a tensor, with a second tensor
+          allocated right after it (PyTorch's caching allocator off, as `flaloop sanitize` runs
+          memcheck): which overflows it reports, without and with `--padding`.
+  cost    initcheck on a kernel whose every thread reads memory nobody wrote: the wall time as the
+          number of bad reads grows, with the host backtrace and without (`--show-backtrace no`).
+  race    racecheck on a shared-memory race: a hand-written PTX kernel (each thread stores its slot,
+          then reads a slot of another warp with no barrier) and the same pattern in Gluon (whose
+          compiler may add the barrier itself).
+
+Prints one line per run and a summary; writes OUT/sanitizer_reach.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+N = 65536  # elements of the tensor read past its end (bf16: 128 KiB, a multiple of 512 bytes)
+
+RACE_PTX = r"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry flaloop_race(.param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    .shared .align 4 .b32 buf[128];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, buf;
+    shl.b32 %r3, %r1, 2;
+    add.u32 %r4, %r2, %r3;
+    st.shared.u32 [%r4], %r1;
+    add.u32 %r5, %r1, 32;
+    and.b32 %r5, %r5, 127;
+    shl.b32 %r5, %r5, 2;
+    add.u32 %r6, %r2, %r5;
+    ld.shared.u32 %r7, [%r6];
+    ld.param.u64 %rd1, [out];
+    cvta.to.global.u64 %rd1, %rd1;
+    mul.wide.u32 %rd2, %r1, 4;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r7;
+    ret;
+}
+"""
+
+
+def ptx_race(out_ptr: int) -> None:
+    """Launch RACE_PTX through the driver API on the current context: 1 block of 128 threads."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    for call, args in (("cuModuleLoadData", (ctypes.byref(mod), ctypes.c_char_p(RACE_PTX.encode()))),
+                       ("cuModuleGetFunction", (ctypes.byref(fn), mod, b"flaloop_race"))):
+        rc = getattr(cu, call)(*args)
+        if rc:
+            raise RuntimeError(f"{call} returned {rc}")
+    arg = ctypes.c_uint64(out_ptr)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(arg), ctypes.c_void_p))
+    rc = cu.cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, 0, None, params, None)
+    if rc:
+        raise RuntimeError(f"cuLaunchKernel returned {rc}")
+
+
+def child(case: str, arg: int) -> None:
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_at(src, dst, start, n, BLOCK: tl.constexpr):
+        o = start + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(src + o, mask=o < start + n)  # the mask bounds the read, not the tensor
+        tl.store(dst + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), x, mask=o < start + n)
+
+    dev = torch.device("cuda")
+    if case == "reach":  # read `arg` bytes past the end of `a`; `b` allocated right after `a`
+        a = torch.randn(N, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(N, device=dev, dtype=torch.bfloat16)
+        n = max(1, arg // 2)
+        dst = torch.empty(n, device=dev, dtype=torch.bfloat16)
+        read_at[(triton.cdiv(n, 256),)](a, dst, N, n, BLOCK=256)
+        torch.cuda.synchronize()
+        print(f"a at {a.data_ptr():#x}, b at {b.data_ptr():#x}: gap {b.data_ptr() - a.data_ptr() - 2 * N} bytes")
+    elif case == "cost":  # `arg` reads of memory nobody wrote
+        src = torch.empty(arg, device=dev, dtype=torch.float32)
+        dst = torch.empty(arg, device=dev, dtype=torch.float32)
+        read_at[(triton.cdiv(arg, 256),)](src, dst, 0, arg, BLOCK=256)
+        torch.cuda.synchronize()
+    elif case == "race-ptx":
+        out = torch.zeros(128, device=dev, dtype=torch.int32)
+        ptx_race(out.data_ptr())
+        torch.cuda.synchronize()
+    elif case == "race-gluon":
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+
+        @gluon.jit
+        def stage(x, y, NN: gl.constexpr):
+            wr: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])
+            rd: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+            smem = gl.allocate_shared_memory(gl.float32, [NN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            smem.store(gl.load(x + gl.arange(0, NN, layout=wr)))
+            gl.store(y + gl.arange(0, NN, layout=rd), smem.load(rd))
+
+        x = torch.ones(512, device=dev, dtype=torch.float32)
+        y = torch.empty_like(x)
+        stage[(1,)](x, y, NN=512, num_warps=4)
+        torch.cuda.synchronize()
+
+
+SUMMARY = re.compile(r"ERROR SUMMARY: ([\d,]+) error")
+RACES = re.compile(r"RACECHECK SUMMARY: ([\d,]+) hazards? displayed \(([\d,]+) errors?, ([\d,]+) warnings?\)")
+
+
+def run(exe: str, tool: str, case: str, arg: int, flags: list[str], out: Path, timeout: float) -> dict:
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    cmd = [exe, "--tool", tool, "--print-limit", "20", *flags, sys.executable, __file__, "--child", case,
+           "--arg", str(arg)]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        text, code = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        text, code = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+    wall = time.monotonic() - t0
+    name = f"{tool}-{case}-{arg}-{'_'.join(f.strip('-') for f in flags) or 'default'}"
+    (out / f"{name}.log").write_text(text[-20000:])
+    m, r = SUMMARY.search(text), RACES.search(text)
+    errors = int(m[1].replace(",", "")) if m else (int(r[2].replace(",", "")) if r else None)
+    row = {"tool": tool, "case": case, "arg": arg, "flags": flags, "exit": code, "wall_s": round(wall, 2),
+           "errors": errors, "race_warnings": int(r[3].replace(",", "")) if r else None,
+           "gap": next((ln for ln in text.splitlines() if ln.startswith("a at ")), None)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child")
+    ap.add_argument("--arg", type=int, default=0)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/sanitizer-reach"))
+    a = ap.parse_args()
+    if a.child:
+        child(a.child, a.arg)
+        return 0
+    exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    out = Path(a.out) / "sanitizer_reach"
+    out.mkdir(parents=True, exist_ok=True)
+    helptext = subprocess.run([exe, "--help"], capture_output=True, text=True).stdout
+    (out / "help.txt").write_text(helptext)
+    print(subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    rows = []
+    for overflow in (720, 65536):
+        for flags in ([], ["--padding", "1048576"]):
+            rows.append(run(exe, "memcheck", "reach", overflow, flags, out, 120))
+    slow: set[str] = set()
+    for n in (1024, 65536, 1048576):
+        for flags in ([], ["--show-backtrace", "no"]):
+            if " ".join(flags) in slow:
+                continue  # a smaller count already took a minute: the larger one would eat the budget
+            row = run(exe, "initcheck", "cost", n, flags, out, 150)
+            rows.append(row)
+            if row["exit"] == "timeout" or row["wall_s"] > 60:
+                slow.add(" ".join(flags))
+    for case in ("race-ptx", "race-gluon"):
+        rows.append(run(exe, "racecheck", case, 0, [], out, 120))
+    (out / "sanitizer_reach.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
