@@ -31,6 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from flaloop import evidence, explain, git, roofline
+from flaloop import sanitize as sanitize_mod
 from flaloop.bench import record as record_mod
 from flaloop.bench.model import cli_args
 from flaloop.bench.record import RunRecord
@@ -305,8 +306,9 @@ def conclusion(geo: dict | None, rows: list[dict], claim: Claim, target: float |
     return {"kind": kind, "text": text}
 
 
-def risks(rows: list[dict], record: RunRecord, env: dict, aa: dict | None, profile: dict | None,
+def risks(rows: list[dict], record: RunRecord, env: dict, aa: dict | None, profiled: bool,
           refusals: list[Refusal]) -> list[str]:
+    """The evidence gaps of a report (`profiled`: a profile or an explanation of this tree state)."""
     out = [f"{r.reason}: {r.message}" for r in refusals]
     lb = [r["id"] for r in rows if r["launch_bound"]]
     if lb:
@@ -333,8 +335,8 @@ def risks(rows: list[dict], record: RunRecord, env: dict, aa: dict | None, profi
         out.append(shared)
     if aa is None:
         out.append("no A/A self-check of this base in the records (`flaloop bench OP --aa`)")
-    if profile is None:
-        out.append("no profiler reading of this tree state (`flaloop profile OP`)")
+    if not profiled:
+        out.append("no profiler reading of this tree state (`flaloop profile OP` or `flaloop explain OP`)")
     if not [r for r in rows if r["varlen"]]:
         out.append("no varlen (cu_seqlens) cells measured (`--varlen`)")
     return out
@@ -385,6 +387,42 @@ def _explanation_for(ws: Path, claim: Claim, iterations: list[dict]) -> dict | N
     if claim.no_go or not claim.commit or not vs.get("base_commit"):
         return None
     return explain.latest(ws, vs["base_commit"], claim.commit, vs.get("record"))
+
+
+def _sanitizer_for(ws: Path, claim: Claim, cells: list[str], contract: dict) -> dict | None:
+    """The newest compute-sanitizer run of the claim's kept commit against its base (the contract's,
+    as `sanitize` and the go take it): one that ran every tool on every measured cell (what a go
+    needs) when there is one, else the newest at all."""
+    base = ((claim.iteration or {}).get("vs_base") or {}).get("base_commit") or contract.get("base_commit")
+    if claim.no_go or not claim.commit or not base:
+        return None
+    return sanitize_mod.latest(ws, base, claim.commit, cells) or sanitize_mod.latest(ws, base, claim.commit, [], ())
+
+
+# options of a recorded command line that name the measuring machine's paths or ask for the
+# machine-readable output: a reader runs the command in their own checkout, without them
+MACHINE_OPTIONS = {"--repo": True, "--python": True, "--json": False}  # name: takes a value
+
+
+def portable_command(cmd: str) -> str:
+    """A recorded command line as a reader runs it in their own checkout (MACHINE_OPTIONS dropped),
+    quoted for a shell; the text itself when it does not parse."""
+    try:
+        argv = shlex.split(cmd)
+    except ValueError:
+        return cmd
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name, eq, _ = a.partition("=")
+        if name in MACHINE_OPTIONS:
+            skip = MACHINE_OPTIONS[name] and not eq
+            continue
+        out.append(a)
+    return shlex.join(out)
 
 
 def reproduce_commands(op: str, record: RunRecord, contract: dict, claim: Claim) -> dict:
@@ -444,6 +482,10 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     if explanation and explanation.get("blocked"):
         refusals.append(Refusal("unexplained_speedup", "; ".join(f["message"] for f in explanation["findings"]),
                                 "the kernels do not account for the measured win: `flaloop explain OP` shows where"))
+    sanitized = _sanitizer_for(ws, claim, [r["id"] for r in rows], contract)
+    for reason, message in sanitize_mod.go_missing(sanitized) if sanitized and sanitized.get("blocked") else []:
+        refusals.append(Refusal(reason, message, "compute-sanitizer sees an error only the candidate has: "
+                                                 "`flaloop sanitize OP --commit C` shows it"))
     concl = conclusion(geo, rows, claim, contract.get("target_speedup"))
     reproduce = reproduce_commands(op, record, contract, claim)
     claim_ok = not (refusals and concl["kind"] in WIN)
@@ -465,8 +507,10 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
                      "modes": sorted({r["mode"] for r in rows if r["mode"]}),
                      "shapes": sorted({r["shape_name"] for r in rows if r["shape_name"]})},
         "reproduce": reproduce,
-        "commands": {"bench": record.command or "", "gate": f"flaloop gate {op}",
-                     "aa": aa["command"] if aa else f"flaloop bench {op} --aa",
+        "commands": {"bench": portable_command(record.command or ""), "gate": f"flaloop gate {op}",
+                     "aa": portable_command(aa["command"]) if aa else f"flaloop bench {op} --aa",
+                     "sanitize": shlex.join(["flaloop", "sanitize", op, "--commit", claim.commit[:12]])
+                     if claim.commit and not claim.no_go else f"flaloop sanitize {op}",
                      "profile": (profile or {}).get("command") or f"flaloop profile {op}",
                      "explain": f"flaloop explain {op}", "report": f"flaloop report {op}"},
         "commits": {"base_ref": record.base.ref, "base_commit": record.base.commit,
@@ -474,14 +518,38 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         "environment": env, "aa": aa, "roofline": {"family": family.name if family else None,
                                                    "title": family.title if family else None,
                                                    "ceilings": ceilings.to_dict() if ceilings else None},
-        "profile": profile, "explanation": explanation, "guard": guard,
+        "profile": profile, "explanation": explanation, "sanitizer": sanitized, "guard": guard,
         "trajectory": trajectory(iterations), "opt_log": str(ws / "OPT_LOG.md") if (ws / "OPT_LOG.md").exists() else None,
         "records": {"claim": record.path, "aa": aa["record"] if aa else None,
                     "profile": profile["_path"] if profile else None,
-                    "explanation": explanation["_path"] if explanation else None},
+                    "explanation": explanation["_path"] if explanation else None,
+                    "sanitizer": sanitized.get("path") if sanitized else None},
     }
     # a report that claims no win lists its evidence gaps as risks instead of refusing
-    doc["risks"] = risks(rows, record, env, aa, profile, refusals if claim_ok else [])
+    doc["risks"] = risks(rows, record, env, aa, bool(profile or explanation), refusals if claim_ok else [])
     if explanation is None and concl["kind"] in WIN:
         doc["risks"].append(f"no explanation of the win by its kernels (`flaloop explain {op}`)")
+    if concl["kind"] in WIN:
+        doc["risks"] += sanitizer_risks(sanitized, doc["commands"]["sanitize"])
     return doc
+
+
+def sanitizer_risks(doc: dict | None, command: str) -> list[str]:
+    """What a kept win's sanitizer evidence leaves open: no run, tools that could not run, cells not
+    fully checked (a blocking finding is a refusal, not a risk)."""
+    if doc is None:
+        return [f"no compute-sanitizer run of the kept commit (`{command}`; `stop --go` runs one)"]
+    out = []
+    missing = [t for t in sanitize_mod.TOOLS if t not in (doc.get("tools") or {})]
+    why: dict[str, list[str]] = {}
+    for t, e in (doc.get("tools") or {}).items():
+        if not e.get("available"):
+            why.setdefault(str(e.get("reason")), []).append(t)
+    off = [f"{', '.join(ts)} ({reason})" for reason, ts in why.items()]
+    if missing:
+        out.append(f"compute-sanitizer did not run {', '.join(missing)} on the kept commit (`{command}`)")
+    if off:
+        out.append("compute-sanitizer could not check: " + "; ".join(off))
+    if doc.get("failed"):
+        out.append("not every cell was fully checked by compute-sanitizer: " + "; ".join(doc["failed"]))
+    return out

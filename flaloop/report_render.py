@@ -50,6 +50,7 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
     L += ["## Reproduce", ""] + _reproduce(doc) + [""]
     L += ["## Environment", ""] + _environment(doc) + [""]
     L += ["## What explains the win", ""] + _explanation(doc) + [""]
+    L += ["## Sanitizer", ""] + _sanitizer(doc) + [""]
     L += ["## Profile", ""] + _profile(doc) + [""]
     L += ["## Guard", ""] + _guard(doc) + [""]
     L += ["## Conclusion and risk", "", f"**{doc['conclusion']['text']}**", ""]
@@ -363,9 +364,45 @@ def explanation_md(e: dict, top: int = 8) -> str:
     return "\n".join(L)
 
 
+def _sanitizer(doc: dict) -> list[str]:
+    """The compute-sanitizer run of the kept commit (sanitize.json): per tool, both sides' errors,
+    status and seconds; then what only the candidate has, and what could not be checked."""
+    z = doc.get("sanitizer")
+    if not z:
+        cmd = (doc.get("commands") or {}).get("sanitize") or f"flaloop sanitize {doc['op']}"
+        return [f"No compute-sanitizer run of the claimed commit: `{cmd}` (and `flaloop "
+                "stop OP --go` runs one)."]
+    ver = "compute-sanitizer " + str((z.get("sanitizer") or {}).get("version") or "?").removeprefix("Version ").split(" (")[0]
+    out = [f"From `{_rel(doc, z.get('path'))}` ({ver}): one step of {len(z.get('cells') or [])} cell(s) under each "
+           f"tool, on the base and on the kept commit, in {_f(z.get('wall_s'), '.1f')} s.", ""]
+    rows = []
+    for tool, e in (z.get("tools") or {}).items():
+        sides = e.get("sides") or {}
+
+        def side(name: str, key: str, sides=sides):
+            v = (sides.get(name) or {}).get(key)
+            return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
+        status = "unavailable: " + str(e.get("reason")) if not e.get("available") else \
+            ("**new errors**" if e.get("new") else "clean" if not e.get("pre_existing") else "pre-existing only")
+        rows.append([tool, side("base", "errors"), side("cand", "errors"), status, side("base", "wall_s"),
+                     side("cand", "wall_s")])
+    out += _table(["tool", "errors base", "errors cand", "", "base s", "cand s"], rows)
+    blocking = [f for f in z.get("findings") or [] if f.get("blocking")]
+    if blocking:
+        out += ["", "**Only the candidate has these (they block the go):**", ""]
+        out += [f"- `{f['rule']}` {f.get('cell') or ''}: {f['message']}" for f in blocking]
+    if z.get("failed"):
+        out += ["", "Not fully checked: " + "; ".join(z["failed"])]
+    return out
+
+
 def _profile(doc: dict) -> list[str]:
     p = doc["profile"]
     if not p:
+        if doc.get("explanation"):
+            return [f"No `flaloop profile` reading of the measured tree state (`{doc['commands']['profile']}` adds "
+                    "one step's kernel tables and, with `--ncu`, Nsight Compute); the explanation above holds "
+                    "the kernels' times of every cell."]
         return [f"No profiler reading of the measured tree state: `{doc['commands']['profile']}`."]
     cell = (p.get("cell") or {}).get("id")
     out = [f"One step of `{cell}` under torch.profiler ({p.get('kernels_are')}), base and candidate "

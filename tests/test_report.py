@@ -285,8 +285,8 @@ def _iteration(n: int, status: str, commit: str, speedup: float | None, record: 
             "worst_cell": None, "note": "", "wall_s": 1.0, "command": "flaloop iter"}
 
 
-def test_with_a_loop_the_claim_is_the_best_kept_iteration_benched_dirty_then_committed(toy_measured, tmp_path):
-    repo, cache = toy_measured
+def _kept_loop(repo: Path) -> tuple[str, str, Path]:
+    """A loop whose iteration 2 benched a dirty tree and then committed it: (base, kept, record)."""
     base = git_mod.head_commit(repo)
     # the loop benched a dirty tree (a new file among the changes), then committed it as iteration 2
     edit(repo / "toyop" / "ops" / "toy" / "fast.py", "a = a.tril()", "a = a.tril()  # iteration 2")
@@ -308,6 +308,13 @@ def test_with_a_loop_the_claim_is_the_best_kept_iteration_benched_dirty_then_com
     for it in (_iteration(0, "baseline", base, None), _iteration(1, "revert", base, 0.97),
                _iteration(2, "keep", kept, 1.25, str(new_dir / "record.json"))):
         (iters / f"{it['iter']:04d}.json").write_text(json.dumps(it))
+    return base, kept, new_dir / "record.json"
+
+
+def test_with_a_loop_the_claim_is_the_best_kept_iteration_benched_dirty_then_committed(toy_measured, tmp_path):
+    repo, cache = toy_measured
+    base, kept, new_record = _kept_loop(repo)
+    new_dir = new_record.parent
     # the gate of iteration 2 was taken of the same tree state; last.json is older (of the base)
     doc = build(repo)
     assert doc["claim_ok"] is True, doc["refused"]
@@ -396,3 +403,60 @@ def test_a_profile_of_the_same_code_at_another_commit_explains_the_record(tmp_pa
     assert _profile_for(repo, [same_code, other], record["candidate"]) is same_code
     dirty = {"candidate": {"head": reverted, "dirty": True, "diff_hash": "abc"}}
     assert _profile_for(repo, [dirty], record["candidate"]) is None
+
+
+def _sanitized(repo: Path, base: str, kept: str, stamp: str, tools: dict, findings: list | None = None) -> Path:
+    """A stored sanitize.json of `kept` against `base` (the report only reads it)."""
+    d = ws(repo) / "sanitize" / stamp
+    d.mkdir(parents=True)
+    doc = {"kind": "sanitize", "schema": 1, "op": OP, "created": stamp, "base_commit": base,
+           "candidate": {"commit": kept}, "cells": ["B2_T64_H2_D16/fwd", "B2_T64_H2_D16/fwdbwd"],
+           "sanitizer": {"path": "/x/compute-sanitizer", "version": "Version 2099.1.0 (build 1) (public-release)"},
+           "tools": tools, "findings": findings or [], "blocked": any(f["blocking"] for f in findings or []),
+           "failed": [], "wall_s": 12.5, "path": str(d / "sanitize.json")}
+    (d / "sanitize.json").write_text(json.dumps(doc))
+    return d / "sanitize.json"
+
+
+def _tool(errors_base: int, errors_cand: int, new: bool = False) -> dict:
+    side = {"status": "ok", "reason": "", "wall_s": 3.25, "errors": 0}
+    return {"available": True, "reason": "ran on both sides", "new": [{"kind": "x"}] if new else [],
+            "pre_existing": [], "unchecked": [],
+            "sides": {"base": {**side, "errors": errors_base}, "cand": {**side, "errors": errors_cand}}}
+
+
+def test_the_report_shows_the_kept_commits_sanitizer_run_and_a_candidate_only_error_refuses_the_claim(toy_measured):
+    repo, _ = toy_measured
+    base, kept, _ = _kept_loop(repo)
+    doc = build(repo)
+    assert doc["sanitizer"] is None and doc["claim_ok"] is True
+    assert any("no compute-sanitizer run of the kept commit" in r for r in doc["risks"])
+    assert f"flaloop sanitize {OP} --commit {kept[:12]}" in render(doc)
+    # two tools only: the section shows them, the risks name the two that did not run
+    clean = _sanitized(repo, base, kept, "20990101T000000Z", {"memcheck": _tool(0, 0), "initcheck": _tool(1, 1)})
+    doc = build(repo)
+    assert doc["sanitizer"]["path"] == str(clean) and doc["records"]["sanitizer"] == str(clean) and doc["claim_ok"]
+    assert any("did not run racecheck, synccheck" in r for r in doc["risks"])
+    md = render(doc)
+    section = md[md.index("## Sanitizer"):md.index("## Profile")]
+    assert "compute-sanitizer 2099.1.0" in section and "| memcheck | 0 | 0 | clean | 3.2 | 3.2 |" in section
+    assert "| initcheck | 1 | 1 | pre-existing only |" not in section  # pre_existing is empty: still clean
+    # a newer run where the candidate alone has a memcheck error: the claim is refused, naming it
+    bad = {"rule": "sanitizer-memcheck", "severity": "block", "blocking": True, "cell": "B2_T64_H2_D16/fwd",
+           "message": "Invalid __global__ read in toy_kernel"}
+    _sanitized(repo, base, kept, "20990102T000000Z", {t: _tool(0, 0) for t in ("racecheck", "initcheck", "synccheck")}
+               | {"memcheck": _tool(0, 4, new=True)}, [bad])
+    doc = build(repo)
+    assert doc["claim_ok"] is False
+    assert [r["reason"] for r in doc["refused"]] == ["sanitizer"] and "toy_kernel" in doc["refused"][0]["message"]
+    md = render(doc)
+    assert "| memcheck | 0 | 4 | **new errors** |" in md and "Invalid __global__ read in toy_kernel" in md
+
+
+def test_recorded_commands_lose_the_measuring_machines_paths_and_stay_one_shell_word_each():
+    cmd = ("flaloop iter chunk_delta_rule 'keep the forward'\"'\"'s intermediates' --repo '/tmp/x y' --json "
+           "--python=/opt/py --min-pairs 16")
+    got = report_mod.portable_command(cmd)
+    assert shlex.split(got) == ["flaloop", "iter", "chunk_delta_rule", "keep the forward's intermediates",
+                                "--min-pairs", "16"]
+    assert report_mod.portable_command("flaloop 'unclosed") == "flaloop 'unclosed"
