@@ -16,7 +16,9 @@ from conftest import OP, edit, flaloop, worktrees
 
 FAST = Path("toyop/ops/toy/fast.py")
 # One round: these tests are about what a bench does with a cell, not about rounds (test_tuning_rounds).
-QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30", "--rounds", "1"]
+# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30", "--rounds", "1",
+         "--unseen-shapes", "0"]
 
 
 def bench(repo: Path, *args: str, op: str = "toy_attn", env: dict | None = None):

@@ -168,7 +168,7 @@ def toy_op(toy, src: str, order_file) -> None:
 
 def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdict(toy, tmp_path):
     toy_op(toy, ORDER_SENSITIVE, tmp_path / "order1")
-    args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
+    args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd", "--unseen-shapes", "0",
             "--min-pairs", "12", "--max-pairs", "12", "--cell-seconds", "60"]
 
     one = flaloop(toy, *args, "--rounds", "1")
@@ -202,7 +202,7 @@ def test_rounds_in_fresh_processes_keep_a_per_process_effect_from_a_false_verdic
 
 def test_a_cell_whose_rounds_disagree_gets_two_more_rounds_of_equal_size(toy, tmp_path):
     toy_op(toy, ORDER_SENSITIVE, tmp_path / "order")
-    r = flaloop(toy, "bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
+    r = flaloop(toy, "bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd", "--unseen-shapes", "0",
                 "--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "60")
     assert r.code == 0, r.stderr[-2000:]
     rec = json.loads(r.stdout)
@@ -239,7 +239,7 @@ def test_workers_that_compiled_during_the_warm_up_are_replaced_before_the_first_
     toy_op(toy, COMPILES_SLOW, tmp_path / "calls")
     cache = tmp_path / "triton-cache"
     env = {"FLALOOP_TRITON_CACHE_DIR": str(cache)}
-    args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd",
+    args = ["bench", "toy_attn", "--aa", "--base", "HEAD", "--json", "--device", "cpu", "--modes", "fwd", "--unseen-shapes", "0",
             "--min-pairs", "8", "--max-pairs", "8", "--cell-seconds", "60"]
     r = flaloop(toy, *args, env=env)
     assert r.code == 0, r.stderr[-2000:]

@@ -107,7 +107,8 @@ def test_the_plan_says_when_it_is_off_and_the_option_is_declared_once():
     assert unseen.plan(BenchConfig(), MINIFLA_SHAPES, cells, {"skip_backward": True})["modes"] == ["fwd"]
     off = unseen.plan(BenchConfig(unseen_shapes=0), MINIFLA_SHAPES, cells, {})
     assert off["off"] == "--unseen-shapes 0" and off["shapes"] == []
-    assert "A/A" in unseen.plan(BenchConfig(aa=True), MINIFLA_SHAPES, cells, {})["off"]
+    aa = unseen.plan(BenchConfig(aa=True), MINIFLA_SHAPES, cells, {})  # the baseline compiles them
+    assert aa["off"] is None and aa["aa"] is True and aa["shapes"] == on["shapes"] and on["aa"] is False
     assert cli_args(BenchConfig(unseen_shapes=0, unseen_seed=3)) == ["--unseen-shapes", "0", "--unseen-seed", "3"]
     with pytest.raises(UsageError, match="--unseen-shapes -1"):
         BenchConfig(unseen_shapes=-1).check()
@@ -168,6 +169,22 @@ def test_the_warm_up_skips_what_the_base_refuses_and_blocks_what_the_candidate_g
     compares = [(side, p) for _, side, c, p in seen if c == "compare"]
     assert {side for side, _ in compares} == {"base"} and all(p["subject"].endswith("-cand.pt") for _, p in compares)
     assert "unseen shapes checked" in [w for w, _ in out.timeline]
+
+
+def test_an_aa_checks_the_shapes_base_against_base_and_a_difference_there_is_unstable_not_a_finding(tmp_path):
+    names = ["OK-B2-T17-H3-D24", "WRONG-B3-T63-H2-D16"]
+    plan = {"n": 2, "seed": 0, "dtype": "bfloat16", "tol": 0.005, "modes": ["fwd"], "off": None, "aa": True,
+            "shapes": [{"name": n, "shape": {"B": 1, "T": 8, "H": 1, "D": 4}, "seqlens": None} for n in names]}
+    s = Session(op="op", cells=CELLS[:1], config=BenchConfig(device="cpu", probes=False, min_pairs=8, rounds=1, aa=True),
+                trees={"base": tmp_path / "b", "cand": tmp_path / "b"}, launcher=FakeLauncher(Unseen()),
+                run_dir=tmp_path / "run", unseen=plan)
+    out = s.run()
+    u = out.unseen
+    assert (u["checked"], u["differ"], u["unstable"]) == (2, 0, 1)
+    wrong = u["shapes"][1]["modes"]["fwd"]
+    assert wrong["status"] == "unstable" and wrong["why"].startswith("the base differs from itself: ")
+    assert not [f for f in out.run_findings if f.rule == "unseen-shape-differs"]
+    assert out.results[0].status != "blocked"
 
 
 # -- the real CLI on minifla --------------------------------------------------------------------------

@@ -154,11 +154,12 @@ def check_unseen(s: Session) -> None:
     `Measurement.unseen`.
 
     Once per run, not per cell: the shapes belong to the op, not to a cell, and per cell the cost
-    would grow with the cells for no more coverage."""
+    would grow with the cells for no more coverage. In an A/A both sides are the base (see
+    bench/unseen.py): a difference there is `unstable`, counted and said, never a finding."""
     plan = s.unseen or {}
     t0 = time.monotonic()
-    out = {k: plan.get(k) for k in ("n", "seed", "dtype", "tol", "modes", "off")}
-    out.update(shapes=[], checked=0, differ=0, skipped=0, seconds=0.0, stopped=None)
+    out = {k: plan.get(k) for k in ("n", "seed", "dtype", "tol", "modes", "off", "aa")}
+    out.update(shapes=[], checked=0, differ=0, skipped=0, unstable=0, seconds=0.0, stopped=None)
     s.out.unseen = out
     if out["off"]:
         return
@@ -182,11 +183,14 @@ def check_unseen(s: Session) -> None:
             t1 = time.monotonic()
             verdict, stop = _unseen_one(s, shp, mode, i)
             verdict["seconds"] = round(time.monotonic() - t1, 3)
+            if out["aa"] and verdict["status"] == "differs":  # the base against itself: noise, not a wrong candidate
+                verdict.update(status="unstable", why="the base differs from itself: " + verdict["why"].split(": ", 1)[-1])
             out["shapes"][-1]["modes"][mode] = verdict
             status = verdict["status"]
-            out["checked"] += status in ("match", "differs")
+            out["checked"] += status in ("match", "differs", "unstable")
             out["differ"] += status == "differs"
             out["skipped"] += status == "skipped"
+            out["unstable"] += status == "unstable"
             if status == "differs":
                 found.append(dynamic.finding("unseen-shape-differs", f"{cid} ({out['dtype']}): {verdict['why']}; "
                                              f"a shape no bench cell or shape config uses (drawn with --unseen-seed "

@@ -105,8 +105,11 @@ def unseen_line(u: dict | None) -> str | None:
     if u.get("off"):
         return f"[yellow]unseen shapes: not checked ({escape(str(u['off']))})[/]"
     share = f" ({u['share']:.0%} of the run)" if u.get("share") is not None else ""
-    text = (f"unseen shapes: {u.get('checked', 0)} checked, {u.get('differ', 0)} differ, "
+    what = "unseen shapes (A/A: the base against itself, compiled for the iterations)" if u.get("aa") else "unseen shapes"
+    text = (f"{what}: {u.get('checked', 0)} checked, {u.get('differ', 0)} differ, "
             f"{u.get('seconds', 0.0):.1f} s{share}, seed {u.get('seed')}")
+    if u.get("unstable"):
+        text += f"; {u['unstable']} unstable (the base differs from itself there: a later finding may be noise)"
     skips = [(f"{shp['name']}/{mode}", v.get("why", "")) for shp in u.get("shapes") or []
              for mode, v in (shp.get("modes") or {}).items() if v.get("status") == "skipped"]
     if skips:
