@@ -52,6 +52,7 @@ class ClockReading:
     throttle_reasons: int
     temperature_c: int | None
     power_w: float | None
+    util_pct: int | None = None  # NVML's share of its last sample period with a kernel running
 
     @property
     def throttled(self) -> bool:
@@ -117,8 +118,18 @@ class Clocks:
             sm_max_mhz=n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM),
             mem_mhz=n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
             throttle_reasons=int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
-            temperature_c=temp, power_w=power,
+            temperature_c=temp, power_w=power, util_pct=self.util_pct(),
         )
+
+    def util_pct(self) -> int | None:
+        """The device's utilization (percent of NVML's last sample period, 1/6 s to 1 s by product,
+        in which a kernel ran), whoever ran it; None where NVML does not say."""
+        if not self.available:
+            return None
+        try:
+            return int(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+        except Exception:  # noqa: BLE001
+            return None
 
     def processes(self) -> list[dict] | None:
         """Compute and graphics processes on this GPU (pid, used memory), None without NVML."""
@@ -247,8 +258,14 @@ def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: 
                # unknown (None) when the process list is blind: another process may be there unseen
                idle=bool(at_clock and not out["n_throttled"] and not others) if visible or not ours else None)
     why = []
-    if not visible and ours:
-        why.append(BLIND)
+    if not visible and ours:  # blind: what the device does while flaloop's workers are idle
+        out["foreign_activity"] = busy_while_ours_idle(readings)
+        if out["foreign_activity"]:
+            out["idle"] = False
+            why.append(f"{out['foreign_activity']} ({BLIND_SHORT})")
+        else:
+            why.append(BLIND)
+            out["quiet_start"] = all(r.get("util_pct") is not None for r in readings)
     if not at_clock:
         why.append(f"SM clock at {out['sm_fraction_min']:.0%} of max")
     if out["n_throttled"]:
@@ -273,6 +290,24 @@ def during_evidence(readings: Iterable) -> dict:
 
 BLIND = ("NVML lists no process on the GPU, not even flaloop's workers (a container without the host's "
          "PID namespace?): whether another process shares it cannot be seen here")
+BLIND_SHORT = "NVML lists no process here, so it cannot be named"
+# With a blind process list, the device's own utilization at a moment flaloop's workers launch
+# nothing: at or above this in most readings, another process is computing on the GPU.
+BUSY_UTIL_PCT = 5
+# NVML's utilization covers its last sample period (at most 1 s): after flaloop's own kernels, wait
+# this long before a reading can only be someone else's
+UTIL_WINDOW_S = 1.0
+
+
+def busy_while_ours_idle(readings: list[dict]) -> str | None:
+    """When most readings (taken while flaloop's workers launch nothing) have the device busy, what
+    they show; None otherwise, or when NVML gives no utilization."""
+    utils = [r.get("util_pct") for r in readings]
+    busy = [u for u in utils if u is not None and u >= BUSY_UTIL_PCT]
+    if not busy or 2 * len(busy) <= len(utils):
+        return None
+    return (f"another process computes on the GPU: up to {max(busy)}% busy in {len(busy)} of {len(utils)} readings "
+            "while flaloop's workers were idle")
 
 
 def process_name(pid: int) -> str | None:
@@ -315,9 +350,12 @@ def contention(pairs: Iterable, idle: dict | None = None) -> dict:
     out = {"pairs": len(ps), "observed": len(seen), "contended": len(hit),
            "processes": [{"pid": pid, "pairs": n, "name": (names.get(pid) or {}).get("name") or process_name(pid),
                           "used_mib": (names.get(pid) or {}).get("used_mib")} for pid, n in sorted(who.items())]}
-    if idle and idle.get("available") and idle.get("processes_visible") is False:
+    idle = idle or {}
+    if idle.get("available") and idle.get("processes_visible") is False:
         out["blind"] = BLIND
-    out["state"] = ("contended" if hit or (idle or {}).get("other_processes") else
+        out["activity"] = idle.get("foreign_activity")  # the device busy while ours were idle
+        out["quiet_start"] = bool(idle.get("quiet_start"))
+    out["state"] = ("contended" if hit or idle.get("other_processes") or out.get("activity") else
                     "unknown" if out.get("blind") or not seen else "exclusive")
     return out
 
@@ -327,7 +365,13 @@ def contention_line(c: dict | None) -> str | None:
     if not c or c.get("state") == "exclusive" or not c.get("pairs"):
         return None
     if c["state"] == "unknown":
-        return "contention unknown: " + (c.get("blind") or "no occupancy sample during the pairs")
+        text = "contention unknown: " + (c.get("blind") or "no occupancy sample during the pairs")
+        if c.get("quiet_start"):
+            text += (f"; the GPU read idle (under {BUSY_UTIL_PCT}% busy) when measuring began, so only a process "
+                     "that started later would go unseen")
+        return text
+    if c.get("activity"):
+        return f"CONTENDED: {c['activity']} before measuring ({BLIND_SHORT})"
     who = ", ".join(f"pid {p['pid']}" + (f" ({p['name']})" if p.get("name") else "")
                     + (f", {p['used_mib']} MiB" if p.get("used_mib") else "") for p in c["processes"]) or \
         "a process seen before measuring"

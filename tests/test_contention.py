@@ -41,6 +41,12 @@ class FakeNvml(types.ModuleType):
     def __init__(self, launcher: FakeLauncher, foreign=lambda n: [], blind: bool = False):
         super().__init__("pynvml")
         self.launcher, self.foreign, self.blind, self.listings = launcher, foreign, blind, 0
+        self.util = 0  # the device's utilization, percent (None: this NVML does not say)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        if self.util is None:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return types.SimpleNamespace(gpu=self.util, memory=0)
 
     def nvmlInit(self): pass  # noqa: E704
     def nvmlDeviceGetCount(self): return 1  # noqa: E704
@@ -112,7 +118,26 @@ def test_a_process_list_that_cannot_see_flaloop_itself_says_unknown(tmp_path, mo
     assert all(p.foreign is None for p in res.pairs)
     c = evidence.contention(res.pairs, idle)
     assert c["state"] == "unknown" and c["observed"] == 0
-    assert evidence.contention_line(c).startswith("contention unknown: NVML lists no process")
+    line = evidence.contention_line(c)
+    assert line.startswith("contention unknown: NVML lists no process") and "the GPU read idle" in line
+
+
+def test_a_blind_process_list_still_sees_the_device_busy_while_flaloop_is_idle(tmp_path, monkeypatch):
+    """A container's NVML names no process, but the device's utilization is its own: busy while
+    flaloop's workers have launched nothing is another process's work."""
+    s, nvml = gpu_session(tmp_path, monkeypatch)
+    nvml.blind, nvml.util = True, 63
+    s.run()
+    idle = s.out.env["idle"]
+    assert idle["idle"] is False and "up to 63% busy in 5 of 5 readings" in idle["foreign_activity"]
+    assert "while flaloop's workers were idle" in idle["not_idle_because"][0]
+    c = evidence.contention(s.out.results[0].pairs, idle)
+    assert c["state"] == "contended"
+    assert evidence.contention_line(c).startswith("CONTENDED: another process computes on the GPU: up to 63% busy")
+    # a busy minority of readings is not enough, and no utilization at all leaves it unknown
+    for util, readings in ((None, [{"util_pct": None}] * 5), (3, [{"util_pct": 3}] * 5)):
+        assert evidence.busy_while_ours_idle(readings) is None
+    assert evidence.busy_while_ours_idle([{"util_pct": 40}, {"util_pct": 0}, {"util_pct": 0}]) is None
 
 
 def test_exclusive_waits_for_the_other_process_to_leave(tmp_path, monkeypatch, other_job):
@@ -145,6 +170,19 @@ def test_exclusive_refuses_when_the_gpu_stays_busy_or_cannot_be_seen(tmp_path, m
         s.run()
     assert f"pid {other_job} (sleep)" in str(e.value) and e.value.exit_code == 3
     s, nvml = gpu_session(tmp_path / "blind", monkeypatch, exclusive=True, exclusive_wait=1.0)
-    nvml.blind = True
-    with pytest.raises(MeasurementError, match="not even flaloop's workers"):
+    nvml.blind, nvml.util = True, 80  # blind, and the device busy while flaloop's workers are idle
+    with pytest.raises(MeasurementError, match="another process computes on the GPU: up to 80% busy") as e:
         s.run()
+    assert e.value.exit_code == 3
+    s, nvml = gpu_session(tmp_path / "blind-no-util", monkeypatch, exclusive=True, exclusive_wait=1.0)
+    nvml.blind, nvml.util = True, None
+    with pytest.raises(MeasurementError, match="not even flaloop's workers.*no utilization either"):
+        s.run()
+
+
+def test_exclusive_on_a_blind_but_quiet_gpu_measures(tmp_path, monkeypatch):
+    s, nvml = gpu_session(tmp_path, monkeypatch, exclusive=True, exclusive_wait=1.0, rounds=1)
+    nvml.blind = True
+    s.run()
+    (res,) = s.out.results
+    assert res.status == "ok" and len(res.kept) >= 8

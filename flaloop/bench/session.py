@@ -40,7 +40,16 @@ from flaloop.bench.model import BenchConfig, Cell, CellResult
 from flaloop.bench.pool import WorkerPool
 from flaloop.bench.workers import WorkerClient, WorkerFailed
 from flaloop.errors import MeasurementError
-from flaloop.evidence import BLIND, ClockReading, Clocks, fingerprint, idle_evidence, occupancy
+from flaloop.evidence import (
+    BLIND,
+    UTIL_WINDOW_S,
+    ClockReading,
+    Clocks,
+    busy_while_ours_idle,
+    fingerprint,
+    idle_evidence,
+    occupancy,
+)
 from flaloop.guard import dynamic
 from flaloop.guard.findings import Finding, apply_allowances
 
@@ -408,21 +417,26 @@ class Session:
 
     def wait_exclusive(self, stage: str) -> None:
         """--exclusive: before `stage`, wait until no other process is on the GPU (a line every
-        30 s says who is there), at most cfg.exclusive_wait seconds; then refuse (exit 3). A GPU
-        whose process list cannot be seen is refused at once: exclusivity cannot be shown."""
+        30 s says who is there), at most cfg.exclusive_wait seconds; then refuse (exit 3). Where
+        the process list is blind, "another process" is the device busy while flaloop's workers
+        launch nothing (evidence.busy_while_ours_idle, read once NVML's window has passed over
+        our own last kernels); where NVML gives no utilization either, it is refused at once:
+        exclusivity cannot be shown."""
         if not self.cfg.exclusive or not self.clocks or not self.clocks.available:
             return
         t0 = time.monotonic()
         said = -1e9
         while True:
             occ = self.occupancy()
-            if occ is None or not occ["visible"]:
-                raise MeasurementError("--exclusive: " + BLIND,
-                                       "run without --exclusive (pairs are then marked, not refused)")
-            if not occ["foreign"]:
+            if occ is None:
+                raise MeasurementError("--exclusive: " + BLIND, "run without --exclusive (pairs are then marked, not refused)")
+            if occ["visible"]:
+                who = ", ".join(f"pid {o['pid']}" + (f" ({o['name']})" if o.get("name") else "")
+                                + (f" {o['used_mib']} MiB" if o.get("used_mib") else "") for o in occ["foreign"])
+            else:
+                who = self._unseen_activity()
+            if not who:
                 return
-            who = ", ".join(f"pid {o['pid']}" + (f" ({o['name']})" if o.get("name") else "")
-                            + (f" {o['used_mib']} MiB" if o.get("used_mib") else "") for o in occ["foreign"])
             waited = time.monotonic() - t0
             if waited >= self.cfg.exclusive_wait:
                 raise MeasurementError(f"--exclusive: the GPU was not free for {waited:.0f}s before {stage}: {who}",
@@ -432,6 +446,20 @@ class Session:
                 said = waited
             self.check_cancel()
             time.sleep(min(1.0, max(0.1, self.cfg.exclusive_wait - waited)))
+
+    def _unseen_activity(self) -> str:
+        """With a blind process list: what the device does while our workers launch nothing (''
+        when it is quiet); refuses when NVML gives no utilization."""
+        time.sleep(UTIL_WINDOW_S)  # NVML's window must not cover our own last kernels
+        readings = []
+        for _ in range(3):
+            r = self.clocks.read()
+            readings.append(r.to_dict() if r else {})
+            time.sleep(0.1)
+        if any(r.get("util_pct") is None for r in readings):
+            raise MeasurementError("--exclusive: " + BLIND + ", and NVML gives no utilization either",
+                                   "run without --exclusive (pairs are then marked, not refused)")
+        return busy_while_ours_idle(readings) or ""
 
     # -- helpers of both phases (the warm-up: bench/warmup.py; the sampling: bench/sampling.py) --
 
