@@ -82,6 +82,13 @@ def warm_cell(s: Session, res: CellResult) -> None:
         return None
     if s.cfg.probes:
         probe(s, res)
+    served = dynamic.backend_findings(res.cell.id, base.get("backends") or {}, cand.get("backends") or {},
+                                      cand_env=s.cfg.cand_env)
+    if served:  # one side on another backend: the bench would time the switch, not the change
+        res.findings = [*res.findings, *apply_allowances(served, s.allowed)]
+        blocking = sorted({f.rule for f in res.findings if f.blocking})
+        if blocking and res.status != "blocked":
+            res.status, res.reason = "blocked", "guard: " + ", ".join(blocking)
     return None
 
 

@@ -164,6 +164,13 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
     Rule("deferred-work", BLOCK, "outputs changed after the calling stream finished",
          "work deferred to another stream or a thread finishes after the timed events.",
          "finish all work on the calling stream before returning"),
+    Rule("backend-differs", BLOCK, "the candidate's calls were served by another backend than the base's",
+         "FLA dispatches an op between backends (Triton, TileLang, Gluon, an external package) by priority, "
+         "each with a verifier; an edit that makes a verifier decline, a package only one side has, or an "
+         "environment that disables a backend moves one side onto other code that agrees within tolerance: "
+         "the bench would time a backend switch, not the change.",
+         "keep both sides on the same backend; to compare backends on purpose, switch one side with "
+         "`--cand-env VAR=VALUE`"),
     Rule("numeric-settings", BLOCK, "numeric settings differ between the sides after the first call",
          "TF32 flags, matmul precision, TRITON_* / FLA_* environment or Triton's fp32 default changed at "
          "import or call time relax the math globally.",

@@ -21,6 +21,56 @@ def finding(rule: str, message: str, cell: str | None = None, side: str | None =
     return Finding(**{**f.__dict__, "cell": cell, "side": side})
 
 
+def _by_func(snap: dict) -> dict[str, str]:
+    """{function: the backend(s) that served it} of one operation's snapshot."""
+    got: dict[str, list[str]] = {}
+    for s in snap.get("served") or []:
+        func, _, be = s.partition(' -> ')
+        got.setdefault(func, []).append(be)
+    return {f: ', '.join(sorted(v)) for f, v in got.items()}
+
+
+def _switches(switches: dict, *names: str | None) -> set[str]:
+    """The environment variables that switch the named backends ("a, b" lists several)."""
+    return {switches[n] for name in names if name for n in name.split(', ') if switches.get(n)}
+
+
+def backend_differences(base: dict, cand: dict) -> list[tuple[str, set[str]]]:
+    """What served the calls differently on the two sides (snapshots taken at the same point): per
+    operation and function a line ('op.func: base tilelang, candidate (its own code)') and the
+    environment variables that switch the backends involved."""
+    lines = []
+    for op in sorted(set(base) | set(cand)):
+        b, c = base.get(op) or {}, cand.get(op) or {}
+        fb, fc = _by_func(b), _by_func(c)
+        switches = {**(b.get('registered') or {}), **(c.get('registered') or {})}
+        for func in sorted(set(fb) | set(fc)):
+            if fb.get(func) != fc.get(func):
+                lines.append((f"{op}.{func}: base {fb.get(func) or '(its own code)'}, "
+                              f"candidate {fc.get(func) or '(its own code)'}",
+                              _switches(switches, fb.get(func), fc.get(func))))
+        rb, rc = sorted(b.get('registered') or {}), sorted(c.get('registered') or {})
+        if rb != rc:
+            lines.append((f"{op}: backends registered base {rb}, candidate {rc}",
+                          _switches(switches, *(set(rb) ^ set(rc)))))
+    return lines
+
+
+def backend_findings(cell: str, base: dict, cand: dict, cand_env: dict | None = None) -> list[Finding]:
+    """What FLA's backend registries say served the calls differently on the two sides (snapshots
+    after the same cell's setup, bench/worker/backends.py): blocking, unless the backends involved
+    are switched by a variable that --cand-env sets (then a warning that names it)."""
+    out = []
+    for line, switches in backend_differences(base, cand):
+        asked = sorted(switches & set(cand_env or {}))
+        if asked:
+            out.append(finding("backend-differs", f"{line} (expected: --cand-env {', '.join(asked)})", cell,
+                               severity=WARN))
+        else:
+            out.append(finding("backend-differs", line, cell))
+    return out
+
+
 # -- integrity and timing (per run, per cell) ---------------------------------------------------------
 
 def integrity(base: list[str], cand: list[str], aa: bool = False) -> list[Finding]:

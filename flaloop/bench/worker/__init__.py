@@ -16,4 +16,5 @@ Modules, in the order a request meets them:
   compare    relative RMS differences, dumps and comparisons across processes
   probes     the guard's dynamic probes (docs/GUARD.md)
   tuning     what Triton's autotuners picked
+  backends   which backend of the target's dispatch registries served the calls
 """

@@ -25,6 +25,7 @@ import traceback
 import torch
 
 from . import timing
+from .backends import backend_snapshot
 from .compare import compare_results, diff_stats, flatten_outputs, same_bits
 from .inputs import CellSpec, InputSet, nbytes, nonfinite
 from .protocol import short_error
@@ -162,6 +163,9 @@ class BuiltCell:
             'dtype': str(self.dtype).replace('torch.', ''), 'shape': self.spec.shape,
             'per_call_ms_estimate': self.per_call_ms_estimate, 'extra_kwargs': self.extra_kwarg_names,
             'tuning': self.tuning,
+            # what the target's backend registries served so far in this process (both sides set up
+            # the same cells in the same order, so the two snapshots compare)
+            'backends': backend_snapshot(),
         }
 
     # -- calling --------------------------------------------------------------------------------------

@@ -1,0 +1,55 @@
+"""Which backend served the op's calls, where the target dispatches between backends (FLA's
+`fla.ops.backends`: per operation a registry of backends, each tried in priority order with its
+verifier, the op's own code when none takes the call). Imports nothing: it reads modules already
+loaded, as tuning.py does.
+
+FLA's registry remembers, per process, each (operation, function, backend) that served a call or
+whose verifier rejected one (`BackendRegistry._logged`, keys `op:func:backend` and
+`op:func:backend:fail`); a fresh worker process starts with none. So the snapshot taken after a
+cell's setup is what served every call of this process so far, and the base's and the candidate's,
+taken after the same cells in the same order, are comparable. What it cannot see: a function that
+no backend took (the op's own code ran) leaves no key, which is why the registered backends are
+listed too. The two sides' snapshots are compared on the orchestrator's side
+(guard/dynamic.backend_differences).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def _registries() -> dict:
+    """Every backend registry of the loaded code: {operation: registry}, found through a module
+    global named `BackendRegistry` whose `_registries` is a dict (FLA's shape; duck-typed)."""
+    found: dict = {}
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or modname.split('.')[0] in ('torch', 'triton', '_flaloop_worker'):
+            continue
+        cls = getattr(mod, '__dict__', {}).get('BackendRegistry')
+        regs = getattr(cls, '_registries', None) if isinstance(cls, type) else None
+        if isinstance(regs, dict):
+            for op, reg in list(regs.items()):
+                found.setdefault(str(op), reg)
+    return found
+
+
+def backend_snapshot() -> dict:
+    """{operation: {"registered": {backend type: the environment variable that switches it, or
+    None}, "served": ["func -> backend"], "rejected": ["func -> backend"]}} for every registry that
+    has backends; {} when the target has none."""
+    out = {}
+    for op, reg in sorted(_registries().items()):
+        try:
+            registered = {str(t): (str(getattr(b, 'env_var', None)) if getattr(b, 'env_var', None) else None)
+                          for t, b in dict(getattr(reg, '_backends', None) or {}).items()}
+            logged = sorted(str(k) for k in (getattr(reg, '_logged', None) or ()))
+        except Exception:
+            continue
+        served, rejected = [], []
+        for key in logged:
+            parts = key.split(':')
+            if len(parts) >= 3 and parts[0] == op:
+                (rejected if parts[-1] == 'fail' else served).append(f'{parts[1]} -> {parts[2]}')
+        if registered or served:
+            out[op] = {'registered': registered, 'served': served, 'rejected': rejected}
+    return out

@@ -1,0 +1,147 @@
+"""Which backend served each side's calls (issue 24): the toy op dispatched through a backend
+registry shaped like FLA's `fla.ops.backends` (per operation a registry, backends tried in order
+with a verifier, the op's own code when none takes the call, `_logged` keys of what served).
+
+A candidate whose edit makes the verifier decline runs the op's own code instead: the results
+agree, so only the backend census sees it (`backend-differs`, blocking). The same switch asked for
+with `--cand-env` is expected and named. An honest edit passes with both sides on one backend."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import commit_all, edit, flaloop, fresh_copy, make_toy_repo
+
+from flaloop.guard.dynamic import backend_differences
+
+OP = "toy_attn"
+QUICK = ["--device", "cpu", "--modes", "fwd", "--min-pairs", "4", "--max-pairs", "6", "--rounds", "1",
+         "--cell-seconds", "20", "--unseen-shapes", "0", "--json"]
+
+DISPATCH = '''"""A backend registry in the shape of FLA's fla.ops.backends (written for this test)."""
+import os
+
+
+class BackendRegistry:
+    _registries = {}
+
+    def __init__(self, operation):
+        self._backends, self._logged = {}, set()
+        BackendRegistry._registries[operation] = self
+
+    def register(self, backend):
+        self._backends[backend.backend_type] = backend
+
+
+def dispatch(operation):
+    def decorator(func):
+        def wrapper(*args, **kwargs):
+            registry = BackendRegistry._registries.get(operation)
+            for be in (registry._backends.values() if registry else ()):
+                if be.env_var and os.environ.get(be.env_var, "1") == "0":
+                    continue
+                key = f"{operation}:{func.__name__}:{be.backend_type}"
+                if not be.verify(*args, **kwargs):
+                    registry._logged.add(key + ":fail")
+                    continue
+                registry._logged.add(key)
+                return getattr(be, func.__name__)(*args, **kwargs)
+            return func(*args, **kwargs)
+        return wrapper
+    return decorator
+'''
+
+BLOCKED = '''import torch
+
+from toyop.ops.dispatch import BackendRegistry
+
+registry = BackendRegistry("toy")
+
+
+class Blocked:
+    """The same attention, one query block at a time."""
+    backend_type, env_var = "blocked", "TOY_BLOCKED"
+
+    def verify(self, q, k, v, scale=None, cu_seqlens=None):
+        return q.shape[-1] <= 64
+
+    def toy_attn(self, q, k, v, scale=None, cu_seqlens=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        s = torch.einsum('bthd,bshd->bhts', q.float(), k.float()) * scale
+        o = torch.einsum('bhts,bshd->bthd', s.tril(), v.float())
+        return o.to(q.dtype), None
+
+
+registry.register(Blocked())
+'''
+
+
+@pytest.fixture(scope="module")
+def dispatched(tmp_path_factory):
+    repo = make_toy_repo(tmp_path_factory.mktemp("backends") / "toy")
+    (repo / "toyop" / "ops" / "dispatch.py").write_text(DISPATCH)
+    (repo / "toyop" / "ops" / "toy" / "blocked.py").write_text(BLOCKED)
+    fast = repo / "toyop" / "ops" / "toy" / "fast.py"
+    edit(fast, "import torch\n", "import torch\n\nfrom toyop.ops.dispatch import dispatch\n"
+                                 "from toyop.ops.toy import blocked  # noqa: F401 - registers the backend\n")
+    edit(fast, "def toy_attn(", "@dispatch(\"toy\")\ndef toy_attn(")
+    commit_all(repo)
+    r = flaloop(repo, "init", OP, "--shapes", "B2_T64_H2_D16", "--modes", "fwd")
+    assert r.code == 0, r.stderr
+    return repo
+
+
+def bench(repo, *extra):
+    r = flaloop(repo, "bench", OP, *QUICK, *extra)
+    return r, (json.loads(r.stdout) if r.stdout.strip() else {})
+
+
+def backend_findings(rec: dict) -> list[dict]:
+    return [f for c in rec.get("cells") or [] for f in c.get("findings") or [] if f["rule"] == "backend-differs"]
+
+
+def test_an_edit_that_makes_the_verifier_decline_is_blocked_naming_both_backends(dispatched, tmp_path):
+    repo = fresh_copy(dispatched, tmp_path / "toy")
+    edit(repo / "toyop" / "ops" / "toy" / "blocked.py", "return q.shape[-1] <= 64", "return q.shape[-1] < 16")
+    r, rec = bench(repo)
+    assert r.code == 1, r.stderr[-2000:]
+    (cell,) = rec["cells"]
+    assert cell["verdict"] == "BLOCKED" and "backend-differs" in cell["reason"]
+    (f,) = backend_findings(rec)
+    assert f["blocking"] and "toy.toy_attn: base blocked, candidate (its own code)" in f["message"]
+    base, cand = cell["setup"]["base"]["backends"], cell["setup"]["cand"]["backends"]
+    assert base["toy"] == {"registered": {"blocked": "TOY_BLOCKED"}, "served": ["toy_attn -> blocked"], "rejected": []}
+    assert cand["toy"]["served"] == [] and cand["toy"]["rejected"] == ["toy_attn -> blocked"]
+
+
+def test_the_same_switch_asked_for_with_cand_env_is_expected_and_named(dispatched, tmp_path):
+    repo = fresh_copy(dispatched, tmp_path / "toy")
+    r, rec = bench(repo, "--base", "HEAD", "--cand-env", "TOY_BLOCKED=0")
+    assert r.code == 0, r.stderr[-2000:]
+    (f,) = backend_findings(rec)
+    assert not f["blocking"] and "expected: --cand-env TOY_BLOCKED" in f["message"]
+    assert rec["cells"][0]["verdict"] != "BLOCKED"
+
+
+def test_an_honest_edit_stays_on_the_base_backend_and_passes(dispatched, tmp_path):
+    repo = fresh_copy(dispatched, tmp_path / "toy")
+    edit(repo / "toyop" / "ops" / "toy" / "blocked.py", "s.tril()", "torch.tril(s)")
+    r, rec = bench(repo)
+    assert r.code == 0, r.stderr[-2000:]
+    assert backend_findings(rec) == []
+    cell = rec["cells"][0]
+    assert cell["setup"]["cand"]["backends"] == cell["setup"]["base"]["backends"]
+
+
+def test_differences_name_the_variables_that_switch_the_backends_involved():
+    base = {"chunk": {"registered": {"tilelang": "FLA_TILELANG", "triton": None},
+                      "served": ["chunk_bwd_dqkwg -> tilelang", "chunk_fwd -> triton"], "rejected": []}}
+    cand = {"chunk": {"registered": {"tilelang": "FLA_TILELANG", "triton": None},
+                      "served": ["chunk_fwd -> triton"], "rejected": ["chunk_bwd_dqkwg -> tilelang"]}}
+    assert backend_differences(base, cand) == [("chunk.chunk_bwd_dqkwg: base tilelang, candidate (its own code)",
+                                                {"FLA_TILELANG"})]
+    assert backend_differences(base, base) == [] and backend_differences({}, {}) == []
+    gone = {"chunk": {**cand["chunk"], "registered": {"triton": None}}}
+    lines = [line for line, _ in backend_differences(base, gone)]
+    assert "chunk: backends registered base ['tilelang', 'triton'], candidate ['triton']" in lines
