@@ -28,6 +28,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py)
   plants    `flaloop sanitize` on defects planted in FLA (a read past the end, an uninitialized read,
             a shared-memory race in PTX and in Gluon), each with its tool, then the gate on each
+  survey    every op of the registry: init and bench --aa --quick on one shape, fwd and fwdbwd, one
+            row each (measured, or refused with flaloop's reason); FLALOOP_SURVEY_OPS picks a subset
   evidence  a varlen loop (baseline, an honest iteration, explain, the profile-backed stop --go, report), then
             `flaloop sanitize` on the kept change and on planted defects (a read past the end, an
             uninitialized read, a shared-memory race) and the gate on the first
@@ -64,6 +66,7 @@ from suites_measure import (
     suite_slowdown,
     suite_verify,
 )
+from suites_survey import suite_survey
 from suites_sweep import suite_sweep
 from suites_tools import (
     suite_faults,
@@ -78,7 +81,7 @@ from suites_tools import (
 SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "aa": suite_aa_slowdown, "slowdown": suite_slowdown,
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
-          "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "integrity": suite_integrity}
+          "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -113,6 +116,8 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # issue 22's planted defects alone (no baseline): what compute-sanitizer can see on small
          # kernels (sanitizer_reach.py), then each FLA plant under its tool, then the gate on each
          "h200-plants": [[["machine", "reach", "plants"]]],
+         # issue 24: every registry op through init and bench --aa --quick (FLALOOP_SURVEY_OPS: a subset)
+         "h200-survey": [[["machine", "survey"]]],
          # issue 23 on one GPU: contention, --exclusive, #988 undone, the guard's cost (no gate: bench only)
          "h200-integrity": [[["machine", "integrity"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}

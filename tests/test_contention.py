@@ -135,7 +135,7 @@ def test_a_blind_process_list_still_sees_the_device_busy_while_flaloop_is_idle(t
     assert c["state"] == "contended"
     assert evidence.contention_line(c).startswith("CONTENDED: another process computes on the GPU: up to 63% busy")
     # a busy minority of readings is not enough, and no utilization at all leaves it unknown
-    for util, readings in ((None, [{"util_pct": None}] * 5), (3, [{"util_pct": 3}] * 5)):
+    for readings in ([{"util_pct": None}] * 5, [{"util_pct": 3}] * 5):
         assert evidence.busy_while_ours_idle(readings) is None
     assert evidence.busy_while_ours_idle([{"util_pct": 40}, {"util_pct": 0}, {"util_pct": 0}]) is None
 

@@ -109,6 +109,7 @@ def test_the_plan_says_when_it_is_off_and_the_option_is_declared_once():
     assert off["off"] == "--unseen-shapes 0" and off["shapes"] == []
     aa = unseen.plan(BenchConfig(aa=True), MINIFLA_SHAPES, cells, {})  # the baseline compiles them
     assert aa["off"] is None and aa["aa"] is True and aa["shapes"] == on["shapes"] and on["aa"] is False
+    assert "quick A/A" in unseen.plan(BenchConfig(aa=True, signal=True), MINIFLA_SHAPES, cells, {})["off"]
     assert cli_args(BenchConfig(unseen_shapes=0, unseen_seed=3)) == ["--unseen-shapes", "0", "--unseen-seed", "3"]
     with pytest.raises(UsageError, match="--unseen-shapes -1"):
         BenchConfig(unseen_shapes=-1).check()

@@ -146,6 +146,8 @@ def plan(cfg, shape_configs: dict[str, dict], cells: list, registry_entry: dict 
            "modes": modes, "shapes": [], "off": None, "aa": bool(cfg.aa)}
     if cfg.unseen_shapes <= 0:
         out["off"] = "--unseen-shapes 0"
+    elif cfg.aa and cfg.signal:
+        out["off"] = "a quick A/A: no candidate to check, and compiling them for later is not quick"
     if out["off"]:
         return out
     avoid = [dict(c.shape) for c in cells] + [dict(s) for s in shape_configs.values()]
