@@ -511,7 +511,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
                      "aa": portable_command(aa["command"]) if aa else f"flaloop bench {op} --aa",
                      "sanitize": shlex.join(["flaloop", "sanitize", op, "--commit", claim.commit[:12]])
                      if claim.commit and not claim.no_go else f"flaloop sanitize {op}",
-                     "profile": (profile or {}).get("command") or f"flaloop profile {op}",
+                     "profile": portable_command((profile or {}).get("command") or "") or f"flaloop profile {op}",
                      "explain": f"flaloop explain {op}", "report": f"flaloop report {op}"},
         "commits": {"base_ref": record.base.ref, "base_commit": record.base.commit,
                     "candidate": _candidate_state(record), "claim_commit": claim.commit},
