@@ -237,6 +237,10 @@ def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: 
     """
     if clocks is None or not clocks.available:
         return {"available": False, "reason": (clocks.error if clocks is not None else None) or "no GPU"}
+    ours = {int(p) for p in own_pids}
+    occ = occupancy(clocks, ours, with_memory=True)
+    if occ and not occ["visible"]:  # blind: the utilization must not still cover our workers' start-up
+        time.sleep(UTIL_WINDOW_S)
     readings = []
     for i in range(max(1, samples)):
         r = clocks.read()
@@ -247,8 +251,6 @@ def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: 
     if not readings:
         return {"available": False, "reason": "NVML gave no reading"}
     out = _summarize(readings)
-    ours = {int(p) for p in own_pids}
-    occ = occupancy(clocks, ours, with_memory=True)
     others = occ["foreign"] if occ else []
     idle_clock = any(int(r.get("throttle_reasons") or 0) & 0x1 for r in readings)
     at_clock = (out["sm_fraction_min"] or 0) >= IDLE_CLOCK_FLOOR or idle_clock

@@ -51,10 +51,11 @@ TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # earlier tensor's writes (initcheck sees it). Inside the allocator's pool both pass unseen.
 TOOL_ENV = {"memcheck": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
             "initcheck": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}}
-# memcheck sees an access only where it leaves every allocation; without caching tensors still sit
-# side by side (the driver packs small cudaMallocs), so a read a few rows past one lands in the
-# next and passes. `--padding` puts this many unallocated bytes after each allocation: a
-# block-sized overrun (64 rows of 8 heads x 64 bf16 values is 64 KiB) falls into it.
+# memcheck sees an access only where it leaves every allocation. Without caching, tensors may still
+# sit side by side (the driver packs small cudaMallocs): the likely reason a read 720 bytes past
+# FLA's `beta` went unseen on the H200 (docs/BENCHMARKS.md, fourteenth session; to be confirmed by
+# benchmarks/sanitizer_reach.py). `--padding` puts this many unallocated bytes after each
+# allocation: a block-sized overrun (64 rows of 8 heads x 64 bf16 values is 64 KiB) falls into it.
 MEMCHECK_PADDING = 1 << 20
 ERROR_EXIT = 86             # compute-sanitizer's exit code when it found errors (--error-exitcode)
 PRINT_LIMIT = 1000          # error records printed per run (the summary still counts them all)

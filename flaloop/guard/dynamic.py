@@ -25,14 +25,14 @@ def _by_func(snap: dict) -> dict[str, str]:
     """{function: the backend(s) that served it} of one operation's snapshot."""
     got: dict[str, list[str]] = {}
     for s in snap.get("served") or []:
-        func, _, be = s.partition(' -> ')
+        func, _, be = s.partition(" -> ")
         got.setdefault(func, []).append(be)
-    return {f: ', '.join(sorted(v)) for f, v in got.items()}
+    return {f: ", ".join(sorted(v)) for f, v in got.items()}
 
 
 def _switches(switches: dict, *names: str | None) -> set[str]:
     """The environment variables that switch the named backends ("a, b" lists several)."""
-    return {switches[n] for name in names if name for n in name.split(', ') if switches.get(n)}
+    return {switches[n] for name in names if name for n in name.split(", ") if switches.get(n)}
 
 
 def backend_differences(base: dict, cand: dict) -> list[tuple[str, set[str]]]:
@@ -43,13 +43,13 @@ def backend_differences(base: dict, cand: dict) -> list[tuple[str, set[str]]]:
     for op in sorted(set(base) | set(cand)):
         b, c = base.get(op) or {}, cand.get(op) or {}
         fb, fc = _by_func(b), _by_func(c)
-        switches = {**(b.get('registered') or {}), **(c.get('registered') or {})}
+        switches = {**(b.get("registered") or {}), **(c.get("registered") or {})}
         for func in sorted(set(fb) | set(fc)):
             if fb.get(func) != fc.get(func):
                 lines.append((f"{op}.{func}: base {fb.get(func) or '(its own code)'}, "
                               f"candidate {fc.get(func) or '(its own code)'}",
                               _switches(switches, fb.get(func), fc.get(func))))
-        rb, rc = sorted(b.get('registered') or {}), sorted(c.get('registered') or {})
+        rb, rc = sorted(b.get("registered") or {}), sorted(c.get("registered") or {})
         if rb != rc:
             lines.append((f"{op}: backends registered base {rb}, candidate {rc}",
                           _switches(switches, *(set(rb) ^ set(rc)))))
