@@ -61,6 +61,24 @@ RACE_PTX = r"""
 """
 
 
+# The race in Gluon, as module source (Triton's JIT reads a kernel's source from its file, so the
+# child writes this to a module of its own and imports it; the FLA plant embeds the same text).
+GLUON_RACE = '''
+from triton.experimental import gluon as _gluon
+from triton.experimental.gluon import language as _gl
+
+
+@_gluon.jit
+def _stage_through_smem(x, y, N: _gl.constexpr):
+    # each thread writes 4 neighbours and reads back 4 strided ones: no barrier in between
+    wr: _gl.constexpr = _gl.BlockedLayout([4], [32], [4], [0])
+    rd: _gl.constexpr = _gl.BlockedLayout([1], [32], [4], [0])
+    smem = _gl.allocate_shared_memory(_gl.float32, [N], _gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    smem.store(_gl.load(x + _gl.arange(0, N, layout=wr)))
+    _gl.store(y + _gl.arange(0, N, layout=rd), smem.load(rd))
+'''
+
+
 def ptx_race(out_ptr: int) -> None:
     """Launch RACE_PTX through the driver API on the current context: 1 block of 128 threads."""
     cu = ctypes.CDLL("libcuda.so.1")
@@ -107,20 +125,16 @@ def child(case: str, arg: int) -> None:
         ptx_race(out.data_ptr())
         torch.cuda.synchronize()
     elif case == "race-gluon":
-        from triton.experimental import gluon
-        from triton.experimental.gluon import language as gl
+        import importlib.util
+        import tempfile
 
-        @gluon.jit
-        def stage(x, y, NN: gl.constexpr):
-            wr: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])
-            rd: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-            smem = gl.allocate_shared_memory(gl.float32, [NN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-            smem.store(gl.load(x + gl.arange(0, NN, layout=wr)))
-            gl.store(y + gl.arange(0, NN, layout=rd), smem.load(rd))
-
+        path = Path(tempfile.mkdtemp(prefix="flaloop-reach-")) / "gluon_race.py"
+        path.write_text(GLUON_RACE)
+        spec = importlib.util.spec_from_file_location("gluon_race", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
         x = torch.ones(512, device=dev, dtype=torch.float32)
-        y = torch.empty_like(x)
-        stage[(1,)](x, y, NN=512, num_warps=4)
+        mod._stage_through_smem[(1,)](x, torch.empty_like(x), N=512, num_warps=4)
         torch.cuda.synchronize()
 
 

@@ -21,7 +21,7 @@ from harness import (  # benchmarks/ is first on sys.path
     run,
     write,
 )
-from sanitizer_reach import RACE_PTX, ptx_race
+from sanitizer_reach import GLUON_RACE, RACE_PTX, ptx_race
 from suites_sweep import CHUNK, keep_intermediates
 
 WY = "fla/ops/delta_rule/wy_fast.py"
@@ -35,26 +35,8 @@ UNINIT = ("        b_u = tl.dot(b_A.to(b_vb.dtype), b_vb, allow_tf32=False)\n",
           "        b_u = tl.dot(b_A.to(b_vb.dtype), b_vb, allow_tf32=False)\n"
           "        b_u += 0 * tl.minimum(tl.maximum(tl.load(u + (bos*H + i_h) * V + i_t * BT * H * V)"
           ".to(tl.float32), -1.), 1.)\n")
-GLUON_RACE = '''
-
-from triton.experimental import gluon as _gluon
-from triton.experimental.gluon import language as _gl
-
-
-@_gluon.jit
-def _stage_through_smem(x, y, N: _gl.constexpr):
-    # each thread writes 4 neighbours and reads back 4 strided ones: no barrier in between
-    wr: _gl.constexpr = _gl.BlockedLayout([4], [32], [4], [0])
-    rd: _gl.constexpr = _gl.BlockedLayout([1], [32], [4], [0])
-    smem = _gl.allocate_shared_memory(_gl.float32, [N], _gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    smem.store(_gl.load(x + _gl.arange(0, N, layout=wr)))
-    _gl.store(y + _gl.arange(0, N, layout=rd), smem.load(rd))
-
-
-def _race(q):
-    _buf = torch.ones(512, device=q.device, dtype=torch.float32)
-    _stage_through_smem[(1,)](_buf, torch.empty_like(_buf), N=512, num_warps=4)
-'''
+GLUON_RACE_PLANT = ("\n\n" + GLUON_RACE + "\n\ndef _race(q):\n    _buf = torch.ones(512, device=q.device, dtype=torch.float32)\n"
+                    "    _stage_through_smem[(1,)](_buf, torch.empty_like(_buf), N=512, num_warps=4)\n")
 # the same race with no compiler in between: PTX that stores a slot and reads another warp's
 PTX_RACE = (f"\n\nimport ctypes as _ctypes\n\nRACE_PTX = {RACE_PTX!r}\n\n\n{inspect.getsource(ptx_race)}\n\n"
             "def _race(q):\n    ptx_race(torch.zeros(128, device=q.device, dtype=torch.int32).data_ptr())\n"
@@ -168,7 +150,7 @@ PLANTS = [  # name, edits, the tool that should see it, its rule, the cell it ru
     ("uninit-read", [(WY, *UNINIT)], "initcheck", "sanitizer-initcheck", VARLEN_FWD),
     ("smem-race-ptx", [(CHUNK, "\ndef chunk_delta_rule_fwd(", PTX_RACE + "\n\ndef chunk_delta_rule_fwd("),
                        (CHUNK, *RACE_CALL)], "racecheck", "sanitizer-racecheck", f"{SMALL}/fwd"),
-    ("smem-race-gluon", [(CHUNK, "\ndef chunk_delta_rule_fwd(", GLUON_RACE + "\n\ndef chunk_delta_rule_fwd("),
+    ("smem-race-gluon", [(CHUNK, "\ndef chunk_delta_rule_fwd(", GLUON_RACE_PLANT + "\n\ndef chunk_delta_rule_fwd("),
                          (CHUNK, *RACE_CALL)], "racecheck", "sanitizer-racecheck", f"{SMALL}/fwd"),
 ]
 
