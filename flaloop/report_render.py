@@ -372,11 +372,16 @@ def _sanitizer(doc: dict) -> list[str]:
         cmd = (doc.get("commands") or {}).get("sanitize") or f"flaloop sanitize {doc['op']}"
         return [f"No compute-sanitizer run of the claimed commit: `{cmd}` (and `flaloop "
                 "stop OP --go` runs one)."]
+    tools = z.get("tools") or {}
+    if tools and not any(e.get("available") for e in tools.values()):
+        reasons = sorted({str(e.get("reason")) for e in tools.values()})
+        return [f"compute-sanitizer checked nothing (`{_rel(doc, z.get('path'))}`): {'; '.join(reasons)}. On a machine "
+                f"with the CUDA toolkit: `{(doc.get('commands') or {}).get('sanitize') or 'flaloop sanitize OP'}`."]
     ver = "compute-sanitizer " + str((z.get("sanitizer") or {}).get("version") or "?").removeprefix("Version ").split(" (")[0]
     out = [f"From `{_rel(doc, z.get('path'))}` ({ver}): one step of {len(z.get('cells') or [])} cell(s) under each "
            f"tool, on the base and on the kept commit, in {_f(z.get('wall_s'), '.1f')} s.", ""]
     rows = []
-    for tool, e in (z.get("tools") or {}).items():
+    for tool, e in tools.items():
         sides = e.get("sides") or {}
 
         def side(name: str, key: str, sides=sides):

@@ -451,6 +451,12 @@ def test_the_report_shows_the_kept_commits_sanitizer_run_and_a_candidate_only_er
     assert [r["reason"] for r in doc["refused"]] == ["sanitizer"] and "toy_kernel" in doc["refused"][0]["message"]
     md = render(doc)
     assert "| memcheck | 0 | 4 | **new errors** |" in md and "Invalid __global__ read in toy_kernel" in md
+    # a machine without compute-sanitizer: one line with the reason, not a table of it
+    off = {"available": False, "reason": "compute-sanitizer is not on PATH", "sides": {}, "new": [], "pre_existing": []}
+    _sanitized(repo, base, kept, "20990103T000000Z", {t: off for t in ("memcheck", "racecheck", "initcheck", "synccheck")})
+    md = render(build(repo))
+    section = md[md.index("## Sanitizer"):md.index("## Profile")]
+    assert "compute-sanitizer checked nothing" in section and section.count("not on PATH") == 1 and "| tool |" not in section
 
 
 def test_recorded_commands_lose_the_measuring_machines_paths_and_stay_one_shell_word_each():

@@ -201,7 +201,8 @@ def bench_events(bar, task, cfg: BenchConfig, prefix: str = "bench"):
             bar.update(task, description=f"{prefix}: warm-up, correctness, probes", completed=info["index"],
                        total=info["total"], last=info["cell"])
         elif kind == "unseen":
-            bar.update(task, description=f"{prefix}: unseen shapes, base against candidate", completed=info["index"],
+            against = "the base against itself" if cfg.aa else "base against candidate"
+            bar.update(task, description=f"{prefix}: unseen shapes, {against}", completed=info["index"],
                        total=info["total"], last=info["cell"])
         elif kind == "round":
             bar.update(task, description=f"{prefix}: round {info['round']}/{info['rounds']}",
