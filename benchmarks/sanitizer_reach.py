@@ -96,6 +96,8 @@ def ptx_race(out_ptr: int) -> None:
 
 
 def child(case: str, arg: int) -> None:
+    # module globals, not locals: Triton's JIT resolves a kernel's names in its module's globals
+    global torch, triton, tl
     import torch
     import triton
     import triton.language as tl
