@@ -25,8 +25,11 @@ def _registries() -> dict:
     for modname, mod in list(sys.modules.items()):
         if mod is None or modname.split('.')[0] in ('torch', 'triton', '_flaloop_worker'):
             continue
-        cls = getattr(mod, '__dict__', {}).get('BackendRegistry')
-        regs = getattr(cls, '_registries', None) if isinstance(cls, type) else None
+        try:  # not every entry of sys.modules is a plain module: one may raise on any attribute
+            cls = vars(mod).get('BackendRegistry')
+            regs = vars(cls).get('_registries') if isinstance(cls, type) else None
+        except Exception:
+            continue
         if isinstance(regs, dict):
             for op, reg in list(regs.items()):
                 found.setdefault(str(op), reg)
