@@ -30,9 +30,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
             a shared-memory race in PTX and in Gluon), each with its tool, then the gate on each
   survey    every op of the registry: init and bench --aa --quick on one shape, fwd and fwdbwd, one
             row each (measured, or refused with flaloop's reason); FLALOOP_SURVEY_OPS picks a subset
-  evidence  a varlen loop (baseline, an honest iteration, explain, the profile-backed stop --go, report), then
-            `flaloop sanitize` on the kept change and on planted defects (a read past the end, an
-            uninitialized read, a shared-memory race) and the gate on the first
+  evidence  a varlen loop (baseline, an honest iteration, explain, `flaloop sanitize` on the kept change,
+            the profile-backed stop --go, report)
 
 FLA's code is never committed here: the suites edit copies of `.fla` under the work dir.
 """

@@ -1,6 +1,7 @@
-"""benchmarks/run.py's evidence suite (issue 22): a varlen loop on FLA's chunk_delta_rule with the
-profile-backed go and its report, then `flaloop sanitize` on the kept change and on planted defects
-the gate does not see. FLA's code is never committed here: the edits are made in a copy of `.fla`."""
+"""benchmarks/run.py's evidence suites (issue 22): `evidence`, a varlen loop on FLA's chunk_delta_rule
+with the profile-backed go and its report and `flaloop sanitize` on the kept change; `plants`,
+`flaloop sanitize` and the gate on defects planted in FLA; `reach`, benchmarks/sanitizer_reach.py.
+FLA's code is never committed here: the edits are made in a copy of `.fla`."""
 
 from __future__ import annotations
 

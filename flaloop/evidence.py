@@ -226,6 +226,18 @@ def _summarize(readings: list[dict]) -> dict:
     }
 
 
+def sample_readings(clocks: Clocks, samples: int, interval_s: float) -> list[dict]:
+    """`samples` readings `interval_s` apart, as dicts (those NVML could not give left out)."""
+    readings = []
+    for i in range(max(1, samples)):
+        r = clocks.read()
+        if r is not None:
+            readings.append(r.to_dict())
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return readings
+
+
 def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: int = 5,
                   interval_s: float = 0.1) -> dict:
     """The GPU before measuring: clocks, memory clock, temperature, power, throttle reasons and
@@ -237,20 +249,12 @@ def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: 
     """
     if clocks is None or not clocks.available:
         return {"available": False, "reason": (clocks.error if clocks is not None else None) or "no GPU"}
-    ours = {int(p) for p in own_pids}
-    occ = occupancy(clocks, ours, with_memory=True)
-    if occ and not occ["visible"]:  # blind: the utilization must not still cover our workers' start-up
-        time.sleep(UTIL_WINDOW_S)
-    readings = []
-    for i in range(max(1, samples)):
-        r = clocks.read()
-        if r is not None:
-            readings.append(r.to_dict())
-        if i + 1 < samples:
-            time.sleep(interval_s)
+    readings = sample_readings(clocks, samples, interval_s)
     if not readings:
         return {"available": False, "reason": "NVML gave no reading"}
     out = _summarize(readings)
+    ours = {int(p) for p in own_pids}
+    occ = occupancy(clocks, ours, with_memory=True)
     others = occ["foreign"] if occ else []
     idle_clock = any(int(r.get("throttle_reasons") or 0) & 0x1 for r in readings)
     at_clock = (out["sm_fraction_min"] or 0) >= IDLE_CLOCK_FLOOR or idle_clock
@@ -262,6 +266,9 @@ def idle_evidence(clocks: Clocks | None, own_pids: Iterable[int] = (), samples: 
     why = []
     if not visible and ours:  # blind: what the device does while flaloop's workers are idle
         out["foreign_activity"] = busy_while_ours_idle(readings)
+        if out["foreign_activity"]:  # confirmed once NVML's window cannot cover our workers' start-up
+            time.sleep(UTIL_WINDOW_S)
+            out["foreign_activity"] = busy_while_ours_idle(sample_readings(clocks, samples, interval_s))
         if out["foreign_activity"]:
             out["idle"] = False
             why.append(f"{out['foreign_activity']} ({BLIND_SHORT})")

@@ -49,6 +49,7 @@ from flaloop.evidence import (
     fingerprint,
     idle_evidence,
     occupancy,
+    sample_readings,
 )
 from flaloop.guard import dynamic
 from flaloop.guard.findings import Finding, apply_allowances
@@ -451,12 +452,8 @@ class Session:
         """With a blind process list: what the device does while our workers launch nothing (''
         when it is quiet); refuses when NVML gives no utilization."""
         time.sleep(UTIL_WINDOW_S)  # NVML's window must not cover our own last kernels
-        readings = []
-        for _ in range(3):
-            r = self.clocks.read()
-            readings.append(r.to_dict() if r else {})
-            time.sleep(0.1)
-        if any(r.get("util_pct") is None for r in readings):
+        readings = sample_readings(self.clocks, 3, 0.1)
+        if not readings or any(r.get("util_pct") is None for r in readings):
             raise MeasurementError("--exclusive: " + BLIND + ", and NVML gives no utilization either",
                                    "run without --exclusive (pairs are then marked, not refused)")
         return busy_while_ours_idle(readings) or ""

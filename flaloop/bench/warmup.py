@@ -80,16 +80,22 @@ def warm_cell(s: Session, res: CellResult) -> None:
                 f"{n} rel-RMS {t.get('rel_rms')}, non-finite {t.get('nonfinite_self')}" for n, t in worst))
         res.findings = [dynamic.finding("differs-from-base", res.reason, res.cell.id)]  # never allowable: it is wrong
         return None
-    if s.cfg.probes:
-        probe(s, res)
+    # one side on another backend: the bench would time the switch, not the change
     served = dynamic.backend_findings(res.cell.id, base.get("backends") or {}, cand.get("backends") or {},
                                       cand_env=s.cfg.cand_env)
-    if served:  # one side on another backend: the bench would time the switch, not the change
-        res.findings = [*res.findings, *apply_allowances(served, s.allowed)]
-        blocking = sorted({f.rule for f in res.findings if f.blocking})
-        if blocking and res.status != "blocked":
-            res.status, res.reason = "blocked", "guard: " + ", ".join(blocking)
+    if s.cfg.probes:
+        probe(s, res, served)
+    elif served:
+        judge(s, res, served)
     return None
+
+
+def judge(s: Session, res: CellResult, found: list) -> None:
+    """A cell's warm-up findings, under the contract's allowances; a blocking one blocks the cell."""
+    res.findings = apply_allowances(found, s.allowed)
+    blocking = sorted({f.rule for f in res.findings if f.blocking})
+    if blocking:
+        res.status, res.reason = "blocked", "guard: " + ", ".join(blocking)
 
 
 def exchange(s: Session, res: CellResult, mutated: bool) -> dict | None:
@@ -118,7 +124,8 @@ def exchange(s: Session, res: CellResult, mutated: bool) -> dict | None:
     return c
 
 
-def probe(s: Session, res: CellResult) -> None:
+def probe(s: Session, res: CellResult, found: list) -> None:
+    """The guard's probes on one cell, judged together with the warm-up's other `found` findings."""
     t0 = time.monotonic()
     try:
         # one side after the other: each alone on the GPU, as the determinism probe must see it
@@ -135,12 +142,8 @@ def probe(s: Session, res: CellResult) -> None:
         s.out.probe_seconds += time.monotonic() - t0
     res.probes = {"base": b["probes"], "cand": c["probes"], "mutated": mutated,
                   "seconds": {"base": b.get("seconds"), "cand": c.get("seconds"), "mutated": mutated.get("seconds")}}
-    found = dynamic.cell_findings(res.cell.id, b["probes"], c["probes"], mutated, s.cfg.diff_tol, aa=s.cfg.aa,
-                                  cand_env=s.cfg.cand_env)
-    res.findings = apply_allowances(found, s.allowed)
-    blocking = sorted({f.rule for f in res.findings if f.blocking})
-    if blocking:
-        res.status, res.reason = "blocked", "guard: " + ", ".join(blocking)
+    judge(s, res, [*dynamic.cell_findings(res.cell.id, b["probes"], c["probes"], mutated, s.cfg.diff_tol, aa=s.cfg.aa,
+                                          cand_env=s.cfg.cand_env), *found])
     return None
 
 
