@@ -25,9 +25,11 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
   integrity a bench beside another process's load (marked contended; --exclusive refuses), FLA's
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
-  reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py)
+  reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py);
+            FLALOOP_REACH_TOOLS=racecheck (say) asks one tool's questions only
   plants    `flaloop sanitize` on defects planted in FLA (a read past the end, an uninitialized read,
-            a shared-memory race in PTX and in Gluon), each with its tool, then the gate on each
+            a shared-memory race in PTX and in Gluon), each with its tool, then the gate on each;
+            FLALOOP_PLANTS=smem-race-ptx,... picks a subset
   survey    every op of the registry: init and bench --aa --quick on one shape, fwd and fwdbwd, one
             row each (measured, or refused with flaloop's reason); FLALOOP_SURVEY_OPS picks a subset
   evidence  a varlen loop (baseline, an honest iteration, explain, `flaloop sanitize` on the kept change,

@@ -11,8 +11,13 @@ Three questions, each answered by runs of this same file under the tool (`--chil
   cost    initcheck on a kernel whose every thread reads memory nobody wrote: the wall time as the
           number of bad reads grows, with the host backtrace and without (`--show-backtrace no`).
   race    racecheck on a shared-memory race: a hand-written PTX kernel (each thread stores its slot,
-          then reads a slot of another warp with no barrier) and the same pattern in Gluon (whose
-          compiler may add the barrier itself).
+          then reads a slot of another warp with no barrier); the same pattern in Gluon, where it
+          is no race (the compiler's barrier pass puts a `bar.sync` between the store and the load:
+          read in the PTX of Triton 3.6 for sm_90); and the race Gluon does let through, an
+          asynchronous copy into shared memory (cp.async) read with no `wait_group` (the compiler's
+          barrier orders the threads, not the copy's arrival), beside the same kernel with the wait.
+
+    python3 benchmarks/sanitizer_reach.py --tools racecheck   # one question only
 
 Prints one line per run and a summary; writes OUT/sanitizer_reach.json.
 """
@@ -61,22 +66,40 @@ RACE_PTX = r"""
 """
 
 
-# The race in Gluon, as module source (Triton's JIT reads a kernel's source from its file, so the
+# The Gluon kernels, as module source (Triton's JIT reads a kernel's source from its file, so the
 # child writes this to a module of its own and imports it; the FLA plant embeds the same text).
+# Each thread writes 4 neighbours and reads back 4 strided ones, written by other warps.
 GLUON_RACE = '''
 from triton.experimental import gluon as _gluon
 from triton.experimental.gluon import language as _gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _cp
 
 
 @_gluon.jit
 def _stage_through_smem(x, y, N: _gl.constexpr):
-    # each thread writes 4 neighbours and reads back 4 strided ones: no barrier in between
+    # a plain store, then the load: the compiler orders them with a barrier of its own
     wr: _gl.constexpr = _gl.BlockedLayout([4], [32], [4], [0])
     rd: _gl.constexpr = _gl.BlockedLayout([1], [32], [4], [0])
     smem = _gl.allocate_shared_memory(_gl.float32, [N], _gl.SwizzledSharedLayout(1, 1, 1, [0]))
     smem.store(_gl.load(x + _gl.arange(0, N, layout=wr)))
     _gl.store(y + _gl.arange(0, N, layout=rd), smem.load(rd))
+
+
+@_gluon.jit
+def _stage_async(x, y, N: _gl.constexpr, WAIT: _gl.constexpr):
+    # an asynchronous copy into shared memory, then the load: without the wait, the load may run
+    # before the copy lands (the barrier the compiler adds orders the threads, not the copy)
+    wr: _gl.constexpr = _gl.BlockedLayout([4], [32], [4], [0])
+    rd: _gl.constexpr = _gl.BlockedLayout([1], [32], [4], [0])
+    smem = _gl.allocate_shared_memory(_gl.float32, [N], _gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    _cp.async_copy_global_to_shared(smem, x + _gl.arange(0, N, layout=wr))
+    _cp.commit_group()
+    if WAIT:
+        _cp.wait_group(0)
+    _gl.store(y + _gl.arange(0, N, layout=rd), smem.load(rd))
 '''
+GLUON_CASES = {"race-gluon-sync": ("_stage_through_smem", {}), "race-gluon-async": ("_stage_async", {"WAIT": False}),
+               "race-gluon-async-waited": ("_stage_async", {"WAIT": True})}
 
 
 def ptx_race(out_ptr: int) -> None:
@@ -126,7 +149,7 @@ def child(case: str, arg: int) -> None:
         out = torch.zeros(128, device=dev, dtype=torch.int32)
         ptx_race(out.data_ptr())
         torch.cuda.synchronize()
-    elif case == "race-gluon":
+    elif case in GLUON_CASES:
         import importlib.util
         import tempfile
 
@@ -135,9 +158,12 @@ def child(case: str, arg: int) -> None:
         spec = importlib.util.spec_from_file_location("gluon_race", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        x = torch.ones(512, device=dev, dtype=torch.float32)
-        mod._stage_through_smem[(1,)](x, torch.empty_like(x), N=512, num_warps=4)
+        kernel, consts = GLUON_CASES[case]
+        x = torch.arange(512, device=dev, dtype=torch.float32)
+        y = torch.empty_like(x)
+        getattr(mod, kernel)[(1,)](x, y, N=512, num_warps=4, **consts)
         torch.cuda.synchronize()
+        print(f"rows read back wrong: {int((y != x).sum())} of 512")
 
 
 SUMMARY = re.compile(r"ERROR SUMMARY: ([\d,]+) error")
@@ -161,7 +187,7 @@ def run(exe: str, tool: str, case: str, arg: int, flags: list[str], out: Path, t
     errors = int(m[1].replace(",", "")) if m else (int(r[2].replace(",", "")) if r else None)
     row = {"tool": tool, "case": case, "arg": arg, "flags": flags, "exit": code, "wall_s": round(wall, 2),
            "errors": errors, "race_warnings": int(r[3].replace(",", "")) if r else None,
-           "gap": next((ln for ln in text.splitlines() if ln.startswith("a at ")), None)}
+           "gap": next((ln for ln in text.splitlines() if ln.startswith(("a at ", "rows read back"))), None)}
     print(json.dumps(row), flush=True)
     return row
 
@@ -171,7 +197,9 @@ def main() -> int:
     ap.add_argument("--child")
     ap.add_argument("--arg", type=int, default=0)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/sanitizer-reach"))
+    ap.add_argument("--tools", default="memcheck,initcheck,racecheck", help="the questions to ask, by tool")
     a = ap.parse_args()
+    tools = set(a.tools.split(","))
     if a.child:
         child(a.child, a.arg)
         return 0
@@ -182,11 +210,11 @@ def main() -> int:
     (out / "help.txt").write_text(helptext)
     print(subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1])
     rows = []
-    for overflow in (720, 65536):
+    for overflow in (720, 65536) if "memcheck" in tools else ():
         for flags in ([], ["--padding", "1048576"]):
             rows.append(run(exe, "memcheck", "reach", overflow, flags, out, 120))
     slow: set[str] = set()
-    for n in (1024, 65536, 1048576):
+    for n in (1024, 65536, 1048576) if "initcheck" in tools else ():
         for flags in ([], ["--show-backtrace", "no"]):
             if " ".join(flags) in slow:
                 continue  # a smaller count already took a minute: the larger one would eat the budget
@@ -194,7 +222,7 @@ def main() -> int:
             rows.append(row)
             if row["exit"] == "timeout" or row["wall_s"] > 60:
                 slow.add(" ".join(flags))
-    for case in ("race-ptx", "race-gluon"):
+    for case in ("race-ptx", *GLUON_CASES) if "racecheck" in tools else ():
         rows.append(run(exe, "racecheck", case, 0, [], out, 120))
     (out / "sanitizer_reach.json").write_text(json.dumps(rows, indent=1))
     return 0

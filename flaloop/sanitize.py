@@ -3,7 +3,8 @@
 Each tool (memcheck, racecheck, initcheck, synccheck) runs one process per side:
 `compute-sanitizer --tool T ... python -u scripts/sanitize_step.py`, in a detached worktree of the
 base commit and in the candidate (the working tree, or a worktree of `candidate_commit`), both
-reading the base's registry as the bench does. The step script prints `flaloop-cell <id>` before
+reading the base's registry as the bench does; before any tool, each side runs the same script
+once plainly, so that compiling and autotuning happen at full speed (WARM). The step script prints `flaloop-cell <id>` before
 each cell, so every error record the tool prints on the same stream belongs to the last cell
 named before it. Records are reduced to (cell, kind, kernel): addresses, thread and block
 indices, access sizes and hazard counts are dropped, so that the same bug reads the same on both
@@ -16,7 +17,8 @@ is not a refusal: compute-sanitizer then reports that the target made no CUDA ca
 zero errors, and the document says the step ran on the CPU.
 
 Results: `profile/<op>-opt/sanitize/<stamp>/sanitize.json` and per tool and side the raw log
-(`<tool>-<side>.log`) and the step script's report (`<tool>-<side>.json`).
+(`<tool>-<side>.log`) and the step script's report (`<tool>-<side>.json`); the plain runs' are
+`warm-<side>.log` and `warm-<side>.json`.
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ TOOL_ENV = {"memcheck": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
 # benchmarks/sanitizer_reach.py). `--padding` puts this many unallocated bytes after each
 # allocation: a block-sized overrun (64 rows of 8 heads x 64 bf16 values is 64 KiB) falls into it.
 MEMCHECK_PADDING = 1 << 20
+# Before any tool, each side runs the step script once with no tool around it (warm_side). Under a
+# tool every kernel the compiler loads is instrumented and every autotuning trial runs slowly: on
+# the H200 with a cold Triton cache, racecheck spent 147 s setting up one FLA cell that took 7 s
+# once compiled, and a side that compiled under it outran --timeout 240 on both sides (docs/
+# BENCHMARKS.md, fifteenth session). The plain run compiles at full speed, and its autotuning picks
+# (TRITON_CACHE_AUTOTUNING, shared with the bench) are timed on an uninstrumented device, not under
+# a tool whose slowdown would make them the picks the next bench reuses.
 ERROR_EXIT = 86             # compute-sanitizer's exit code when it found errors (--error-exitcode)
 PRINT_LIMIT = 1000          # error records printed per run (the summary still counts them all)
 DEFAULT_TIMEOUT = 3600.0    # seconds per process: every kernel runs instrumented
@@ -337,6 +346,45 @@ def _run_logged(cmd: list[str], *, cwd: Path, env: dict, log: Path, timeout: flo
     return (None if timed_out else proc.returncode), timed_out
 
 
+def step_command(python: str, tree: Path, registry: Path, op: str, cells_file: Path, result: Path, side: str,
+                 device: str | None) -> list[str]:
+    """The step script over every cell of `cells_file` on `tree`, its report written to `result`."""
+    cmd = [python, "-u", str(SCRIPT), "--tree", str(tree), "--registry", str(registry), "--op", op,
+           "--cells", str(cells_file), "--out", str(result), "--side", side]
+    return cmd + ["--device", device] if device else cmd
+
+
+def warm_side(side: str, *, python: str, tree: Path, registry: Path, op: str, cells_file: Path, out: Path,
+              env: dict, device: str | None, timeout: float, running: Running | None = None) -> dict:
+    """The step script once on `tree` with no tool around it (see WARM): what it compiled and tuned,
+    the tools' runs then find in the Triton cache."""
+    log, result = out / f"warm-{side}.log", out / f"warm-{side}.json"
+    t0 = time.monotonic()
+    code, timed_out = _run_logged(step_command(python, tree, registry, op, cells_file, result, side, device),
+                                  cwd=tree, env=env, log=log, timeout=timeout, on_line=lambda _line: None,
+                                  running=running)
+    step = _read_step(result)
+    check_provenance(step.get("hello"), tree, op, side, "sanitize")
+    failed = [c for c in step.get("cells") or [] if not c.get("ok")]
+    if timed_out:
+        status, reason = "timeout", f"killed after {timeout:.0f}s (--timeout) with no tool around it"
+    elif not step.get("ok"):
+        status, reason = "failed", f"the step script failed: {step.get('error') or f'no {result.name} (exit {code})'}"
+    elif failed:
+        status, reason = "failed", f"{failed[0]['id']}: {failed[0].get('error')}"
+    else:
+        status, reason = "ok", ""
+    return {"status": status, "reason": reason, "exit_code": code, "wall_s": round(time.monotonic() - t0, 3),
+            "log": str(log), "device": step.get("device"),
+            "cells": [{k: c.get(k) for k in ("id", "ok", "setup_s", "wall_s")} for c in step.get("cells") or []]}
+
+
+def not_run(tool: str, side: str, warm: dict) -> SideRun:
+    """A side whose plain warm-up run timed out: under the tool it would only hang longer."""
+    return SideRun(side, tool, status="timeout", log=warm["log"],
+                   reason=f"not run: the plain warm-up run was {warm['reason']}")
+
+
 def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registry: Path, op: str,
              cells_file: Path, out: Path, env: dict, device: str | None, timeout: float,
              print_limit: int = PRINT_LIMIT, on_cell: Callable[[str], None] | None = None,
@@ -346,10 +394,7 @@ def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registr
     flags = tool_flags(exe, tool)
     cmd = [exe, "--tool", tool, "--print-limit", str(print_limit), "--error-exitcode", str(ERROR_EXIT),
            "--target-processes", "application-only", *flags,
-           python, "-u", str(SCRIPT), "--tree", str(tree), "--registry", str(registry), "--op", op,
-           "--cells", str(cells_file), "--out", str(result), "--side", side]
-    if device:
-        cmd += ["--device", device]
+           *step_command(python, tree, registry, op, cells_file, result, side, device)]
 
     def on_line(line: str) -> None:
         if on_cell and line.startswith(MARKER):
@@ -469,15 +514,16 @@ def unavailable(tools: list[str], reason: str) -> dict:
             for t in tools}
 
 
-def cost(tools: dict) -> dict:
-    """Where the time went: per tool and side, and per cell (setup + step under the tool)."""
+def cost(tools: dict, warm: dict) -> dict:
+    """Where the time went: the plain warm-up per side, per tool and side, and per cell (setup +
+    step under the tool)."""
     per_tool, per_cell = {}, {}
     for tool, entry in tools.items():
         for side, run in entry["sides"].items():
             per_tool.setdefault(tool, {})[side] = run["wall_s"]
             for c in run["cells"]:
                 per_cell.setdefault(c["id"], {}).setdefault(tool, {})[side] = c.get("wall_s")
-    return {"per_tool_s": per_tool, "per_cell_s": per_cell}
+    return {"warm_s": {side: w["wall_s"] for side, w in warm.items()}, "per_tool_s": per_tool, "per_cell_s": per_cell}
 
 
 @contextlib.contextmanager
@@ -529,12 +575,22 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
             registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does
 
             running = Running()
+            trees = {"base": base_tree, "cand": cand_tree}
+            doc["warm"] = {}
+            for side, tree in trees.items():
+                say("warm", side=side, cells=len(picked))
+                doc["warm"][side] = warm_side(side, python=target.python, tree=tree, registry=registry,
+                                              op=contract.op, cells_file=cells_file, out=out, env=env,
+                                              device=device, timeout=timeout, running=running)
 
             def one_tool(tool: str) -> tuple[dict, list[Finding]]:
                 runs: dict[str, SideRun] = {}
-                for side, tree in (("base", base_tree), ("cand", cand_tree)):
+                for side, tree in trees.items():
                     if running.stopped:
                         raise KeyboardInterrupt
+                    if doc["warm"][side]["status"] == "timeout":
+                        runs[side] = not_run(tool, side, doc["warm"][side])
+                        continue
                     say("run", side=side, tool=tool, cells=len(picked))
                     runs[side] = run_side(exe, tool, side, python=target.python, tree=tree, registry=registry,
                                           op=contract.op, cells_file=cells_file, out=out, env=env, device=device,
@@ -568,7 +624,7 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
                      if r["status"] in ("failed", "timeout")]
     doc["failed"] += [f"{t}: {line}" for t, e in doc["tools"].items() for line in e.get("unchecked") or []]
     doc["wall_s"] = round(time.monotonic() - t0, 3)
-    doc["cost"] = cost(doc["tools"])
+    doc["cost"] = cost(doc["tools"], doc.get("warm") or {})
     doc["path"] = str(out / "sanitize.json")
     fsutil.atomic_write_json(out / "sanitize.json", doc)
     return doc

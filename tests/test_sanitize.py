@@ -73,7 +73,8 @@ if stamps:
     with open(stamps, "a") as fh:
         fh.write(f"start {tool} {os.getpid()} {time.time()}\n")
     time.sleep(float(os.environ.get("FAKE_SANITIZER_SLEEP", "0")))
-proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                        env={**os.environ, "FAKE_SANITIZER_TOOL": tool})
 if stamps:
     with open(stamps, "a") as fh:
         fh.write(f"child {tool} {proc.pid} {time.time()}\n")
@@ -203,6 +204,14 @@ def test_the_document_records_both_sides_every_cell_and_what_each_cost(planted):
         assert run["flags"] == ["--padding", str(sanitize_mod.MEMCHECK_PADDING)]
     base_log = mem["sides"]["base"]["log"]
     assert "/base" in json.loads(Path(base_log).with_suffix(".json").read_text())["hello"]["op_module_file"]
+    # before any tool, each side ran the step once plainly (its compiling and tuning at full speed)
+    for side, warm in doc["warm"].items():
+        assert warm["status"] == "ok" and warm["reason"] == "" and warm["device"] == "cpu", warm
+        assert [c["id"] for c in warm["cells"]] == [FWD, FWDBWD] and all(c["ok"] for c in warm["cells"])
+        text = Path(warm["log"]).read_text()
+        assert "flaloop-cell " + FWD in text and "COMPUTE-SANITIZER" not in text  # no tool around it
+        assert doc["cost"]["warm_s"][side] == warm["wall_s"] > 0
+    assert list(doc["warm"]) == ["base", "cand"]
 
 
 def test_verify_and_iter_sanitize_the_measured_snapshot_and_block_its_run_record(planted, fake_bin, monkeypatch,
@@ -326,6 +335,18 @@ def test_a_contract_cell_filter_names_the_known_cells(tmp_path):
         sanitize_mod.contract_cells(target, c, ["nope/fwd"])
 
 
+# appended to minifla's chunk.py: the module hangs at import when `when` holds, saying its pid first
+HANG = """
+import os as _os
+import time as _t
+
+if {when}:
+    with open(_os.environ.get("HANG_PIDS", _os.devnull), "a") as _fh:
+        _fh.write(f"{{_os.getpid()}}\\n")
+    _t.sleep(300)
+"""
+
+
 def _stamps(path: Path) -> list[tuple[str, str, int, float]]:
     rows = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
     return [(kind, tool, int(pid), float(t)) for kind, tool, pid, t in rows]
@@ -363,8 +384,8 @@ def test_an_interrupt_kills_every_running_sanitizer_and_its_step_and_removes_the
 
     repo = make_repo(tmp_path / "minifla")
     assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
-    chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"
-    chunk.write_text(chunk.read_text() + "\nimport time as _t\n\n_t.sleep(300)\n")
+    chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"  # it hangs under the tool only
+    chunk.write_text(chunk.read_text() + HANG.format(when='_os.environ.get("FAKE_SANITIZER_TOOL")'))
     git(repo, "commit", "-q", "-am", "a candidate that hangs at import")
     stamps = tmp_path / "stamps"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
@@ -390,4 +411,59 @@ def test_an_interrupt_kills_every_running_sanitizer_and_its_step_and_removes_the
     while time.monotonic() < deadline and any(sanitize_mod.procs.running(p) for p in pids):
         time.sleep(0.2)
     assert not [p for p in pids if sanitize_mod.procs.running(p)], "a sanitizer or its step outlived the interrupt"
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+
+
+def test_a_side_that_hangs_with_no_tool_is_not_run_under_one_and_an_interrupt_in_the_warm_up_cleans_up(
+        tmp_path, fake_bin):
+    """A candidate that hangs at import even without a tool: its plain warm-up run is killed at
+    --timeout, no tool runs on it (each would hang as long), the base is checked, exit 3. Then the
+    same candidate, interrupted in its warm-up: exit 130, its step gone, the worktrees removed."""
+    import signal
+    import subprocess
+    import time
+
+    repo = make_repo(tmp_path / "minifla")
+    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
+    chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"
+    chunk.write_text(chunk.read_text() + HANG.format(when="True"))
+    git(repo, "commit", "-q", "-am", "a candidate that hangs at import")
+    stamps, hangs = tmp_path / "stamps", tmp_path / "hangs"
+    env = {"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}", "FAKE_SANITIZER_STAMPS": str(stamps),
+           "HANG_PIDS": str(hangs)}
+    r = flaloop(repo, "sanitize", OP, "--commit", "HEAD", "--tool", "memcheck,initcheck", "--timeout", "25",
+                "--json", env=env)
+    assert r.code == 3, r.stdout + r.stderr
+    warm = r.json["warm"]
+    assert warm["base"]["status"] == "ok" and warm["cand"]["status"] == "timeout", warm
+    assert "killed after 25s" in warm["cand"]["reason"]
+    for tool in ("memcheck", "initcheck"):
+        cand = r.json["tools"][tool]["sides"]["cand"]
+        assert cand["status"] == "timeout" and cand["reason"].startswith("not run: the plain warm-up run was killed")
+        assert r.json["tools"][tool]["sides"]["base"]["status"] == "ok"
+        assert any(line.startswith(f"{tool}/cand: not run") for line in r.json["failed"])
+    starts = [row for row in _stamps(stamps) if row[0] == "start"]
+    assert sorted(tool for _, tool, _, _ in starts) == ["initcheck", "memcheck"], starts  # the base sides only
+    assert not [p for p in map(int, hangs.read_text().split()) if sanitize_mod.procs.running(p)]
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+
+    hangs.unlink()
+    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sanitize", OP, "--commit", "HEAD", "--tool", "memcheck"],
+                            cwd=repo, env={**os.environ, "TRITON_INTERPRET": "1", **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (hangs.exists() and hangs.read_text().strip()):
+            time.sleep(0.2)  # the candidate's warm-up is inside the hanging import
+        [pid] = map(int, hangs.read_text().split())
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sanitize_mod.procs.running(pid):
+        time.sleep(0.2)
+    assert not sanitize_mod.procs.running(pid), "the warm-up's step outlived the interrupt"
     assert len(git(repo, "worktree", "list").splitlines()) == 1

@@ -377,7 +377,9 @@ def sanitize_events(console: Console):
     """The sanitizer's progress: which tool on which side, and the cell it is at."""
 
     def on_event(kind: str, **info) -> None:
-        if kind == "run":
+        if kind == "warm":
+            console.print(f"  warm-up, no tool: the {info['side']} side, {info['cells']} cell(s) ...")
+        elif kind == "run":
             console.print(f"  {info['tool']}: the {info['side']} side, {info['cells']} cell(s) ...")
         elif kind == "cell" and not info["cell"].startswith("("):
             console.print(f"    {info['tool']} {info['side']}: {info['cell']}")
@@ -391,7 +393,13 @@ def _side_line(side: str, run: dict) -> str:
 
 
 def print_sanitize(doc: dict, console: Console) -> None:
-    """Per tool: available or why not, each side's errors and time, what is new, what pre-exists."""
+    """The plain warm-up; per tool: available or why not, each side's errors and time, what is new,
+    what pre-exists."""
+    warm = doc.get("warm") or {}
+    if warm:
+        console.print("warm-up, no tool: " + ", ".join(
+            f"{side} {w['status']} in {w['wall_s']:.1f}s" + (f" ({escape(w['reason'])})" if w["reason"] else "")
+            for side, w in warm.items()))
     for tool, entry in doc["tools"].items():
         if not entry["available"]:
             console.print(f"{tool}: unavailable: {entry['reason']}")
@@ -455,7 +463,8 @@ def sanitize_cmd(
     = None,
     device: Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda when available).")] = None,
     timeout: Annotated[float, typer.Option(
-        "--timeout", help="Kill one compute-sanitizer process after this many seconds.")] = sanitize_mod.DEFAULT_TIMEOUT,
+        "--timeout", help="Kill one compute-sanitizer process (or the plain warm-up run before them) after this "
+                          "many seconds.")] = sanitize_mod.DEFAULT_TIMEOUT,
     jobs: Annotated[int, typer.Option(
         "--jobs", min=1, help="Tools run at once on the device (each its base side, then its candidate side).")]
     = len(sanitize_mod.TOOLS),

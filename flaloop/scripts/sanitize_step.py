@@ -1,4 +1,5 @@
 """Runs inside the TARGET's interpreter, under compute-sanitizer: one step of every cell, once.
+(flaloop also runs it once with no tool around it, first: that run compiles and autotunes.)
 
     compute-sanitizer --tool TOOL ... python -u sanitize_step.py --tree T --registry R --op OP
         --cells CELLS.json --out RESULT.json [--side base|cand] [--device cpu|cuda]
