@@ -79,7 +79,8 @@ def test_ops_changed_benches_only_the_op_whose_code_the_diff_touches(repo):
     r, doc = sweep(repo, "--ops", "changed", "--base", base, "--shapes", "B1_T64_H2_D32")
     assert r.code == 0, r.stderr[-3000:]
     assert [c["op"] for c in doc["candidates"]] == [OP]
-    assert doc["candidates"][0]["geomean"]["speedup"] > 1.2 and doc["sweep"] == "ops"
+    # ~1.45x in the interpreter; a loaded 2-core CPU has read it as low as 1.18
+    assert doc["candidates"][0]["geomean"]["speedup"] > 1.1 and doc["sweep"] == "ops"
     assert "chunk_linear_attn: the change touches minifla/ops/linear_attn/chunk.py" in r.stderr
     # a slower change to the other op only: the check names it, and exits 1
     edit(repo / FUSED, "        ctx.save_for_backward(q, k, v, initial_state, cu_seqlens)\n", SLOWER_FUSED)
