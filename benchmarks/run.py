@@ -25,6 +25,7 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
   integrity a bench beside another process's load (marked contended; --exclusive refuses), FLA's
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
+  l2        `bench --aa --l2 both`: hot and cold cells each within 0.25%, the flush's cost, cold / hot
   reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py);
             FLALOOP_REACH_TOOLS=racecheck (say) asks one tool's questions only
   plants    `flaloop sanitize` on defects planted in FLA (a read past the end, an uninitialized read,
@@ -57,7 +58,7 @@ from harness import (  # benchmarks/ is the script's directory, first on sys.pat
     write,
 )
 from suites_explain import suite_evidence, suite_plants, suite_reach
-from suites_integrity import suite_integrity
+from suites_integrity import suite_integrity, suite_l2
 from suites_measure import (
     suite_aa_slowdown,
     suite_cycle,
@@ -82,7 +83,7 @@ from suites_tools import (
 SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "aa": suite_aa_slowdown, "slowdown": suite_slowdown,
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
-          "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity}
+          "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -119,8 +120,10 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          "h200-plants": [[["machine", "reach", "plants"]]],
          # issue 24: every registry op through init and bench --aa --quick (FLALOOP_SURVEY_OPS: a subset)
          "h200-survey": [[["machine", "survey"]]],
-         # issue 23 on one GPU: contention, --exclusive, #988 undone, the guard's cost (no gate: bench only)
-         "h200-integrity": [[["machine", "integrity"]]],
+         # issue 23 on one GPU: contention, --exclusive, #988 undone, the guard's cost (no gate: bench only),
+         # then the A/A of hot and cold cells (`--l2 both`)
+         "h200-integrity": [[["machine", "integrity", "l2"]]],
+         "h200-l2": [[["machine", "l2"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

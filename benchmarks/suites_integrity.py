@@ -1,7 +1,8 @@
 """benchmarks/run.py's integrity suite (issue 23) on FLA's chunk_delta_rule: a bench beside another
 process on the same GPU (marked contended; refused with --exclusive), FLA's fix #988 undone (a
 kernel Triton miscompiles with 4 warps on Hopper, wrong only on shapes the bench does not time),
-and what the guard's work costs a bench (probes, the self-check, the unseen shapes)."""
+and what the guard's work costs a bench (probes, the self-check, the unseen shapes); `l2`, the A/A of
+hot and cold cells (`--l2 both`)."""
 
 from __future__ import annotations
 
@@ -106,5 +107,40 @@ def suite_integrity(ctx: Ctx) -> None:
         lines += cells_line(rec)
         goal("#988 blocked by bench", code == 1 and any(f["rule"] == "unseen-shape-differs" for f in found),
              f"exit {code}, blocking rules {sorted({f['rule'] for f in found})}")
+    write(d / "summary.txt", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def suite_l2(ctx: Ctx) -> None:
+    """`bench --aa --l2 both` on the contract's cells: a hot and a cold cell per shape and mode,
+    each an A/A (|bias| <= 0.25%, SAME); the cold cells' flush cost and the cold/hot ratio of the
+    base's medians (a flushed L2 cannot make a call faster)."""
+    repo = fla_copy(ctx, "l2")
+    init(ctx, repo, [SMALL])
+    env = ctx.env(gpus=ctx.gpus[:1])
+    d = ctx.out / "l2"
+    code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--l2", "both", "--json", *PAIRS],
+                          d / "aa-both", env=env)
+    rec = record_of(doc) or {}
+    lines = [f"A/A --l2 both: exit {code} in {wall:.1f}s (bench {rec.get('wall_s')}s)"]
+    lines += cells_line(rec)
+    medians: dict[str, float] = {}
+    worst = 0.0
+    for c in rec.get("cells") or []:
+        cid, est = c["cell"]["id"], c.get("estimate") or {}
+        med = ((c.get("summary") or {}).get("base") or {}).get("median")
+        if med:
+            medians[cid] = med
+        if est:
+            worst = max(worst, abs(1 / est["speedup"] - 1))
+        flush = ((c.get("setup") or {}).get("base") or {}).get("flush_ms")
+        if flush:
+            lines.append(f"    {cid}: flush {flush * 1e3:.1f} us per call, subtracted")
+    for cid, hot in medians.items():
+        if cid.endswith("/l2-hot") and (cold := medians.get(cid[:-len("hot")] + "cold")):
+            lines.append(f"    {cid[:-len('/l2-hot')]}: cold {cold:.4f} ms / hot {hot:.4f} ms = {cold / hot:.3f}")
+    same = [c.get("verdict") for c in rec.get("cells") or []]
+    goal("l2 both A/A", code == 0 and bool(same) and all(v == "SAME" for v in same) and worst <= 0.0025,
+         f"verdicts {same}, worst |bias| {worst * 100:.3f}% (goal <= 0.25%)")
     write(d / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flaloop import __version__, fsutil, git
+from flaloop.bench.model import L2_MODES, MODES
 from flaloop.errors import UsageError
 from flaloop.target import OpSpec, Target, run_query
 
 SCHEMA = 1
 LANGS = ("triton", "gluon", "tilelang", "cute", "cuda", "torch")
-MODES = ("fwd", "fwdbwd")
 PYTEST_CONFIGS = (("pytest.ini", None), ("pyproject.toml", "[tool.pytest"), ("tox.ini", "[pytest]"),
                   ("setup.cfg", "[tool:pytest]"))
 
@@ -55,6 +55,7 @@ class Contract:
     langs: list[str] = field(default_factory=lambda: ["triton"])
     input_overrides: dict[str, str] = field(default_factory=dict)
     varlen: bool = False
+    l2: str = "rotate"  # bench/model.L2_MODES: what the L2 holds as each timed call starts
     # justified exceptions to guard rules, each {"rule", "why", "added"}: `flaloop audit OP --allow RULE --why ...`
     allowed: list[dict] = field(default_factory=list)
     # The loop's iteration cap (flaloop iter refuses past it; `flaloop stop` decides then).
@@ -126,7 +127,7 @@ _TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
     "base_ref": (str, "a string"), "base_commit": (str, "a string"), "test_file": (str, "a string"),
     "frozen": (list, "a list"), "target_speedup": ((int, float), "a number"), "shapes": (list, "a list"),
     "modes": (list, "a list"), "langs": (list, "a list"), "input_overrides": (dict, "an object"),
-    "varlen": (bool, "true or false"), "created": (str, "a string"), "flaloop_version": (str, "a string"),
+    "varlen": (bool, "true or false"), "l2": (str, "a string"), "created": (str, "a string"), "flaloop_version": (str, "a string"),
     "schema": (int, "an integer"),
 }
 
@@ -158,6 +159,8 @@ def check_contract(data) -> None:
         bad = [m for m in data.get(key, []) if m not in allowed]
         if bad:
             raise ValueError(f"{key}: {', '.join(map(repr, bad))} not among {', '.join(allowed)}")
+    if data.get("l2", "rotate") not in L2_MODES:
+        raise ValueError(f"l2: {data['l2']!r:.40} not among {', '.join(L2_MODES)}")
     if not all(isinstance(x, str) for x in data.get("shapes", [])):
         raise ValueError("shapes must be a list of shape names (strings)")
     if "target_speedup" in data and not data["target_speedup"] > 0:
@@ -312,7 +315,7 @@ def check_overrides(spec: OpSpec, overrides: dict[str, str]) -> None:
 
 def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shapes: list[str] | None,
            langs: list[str], modes: list[str], overrides: dict[str, str], varlen: bool = False,
-           max_iters: int = 20, frozen_may_differ: bool = False) -> Contract:
+           max_iters: int = 20, frozen_may_differ: bool = False, l2: str = "rotate") -> Contract:
     """The contract of `spec` against `base_ref`. `frozen_may_differ`: a contract for a check of
     someone's change (a sweep's `--ops`), whose gate then says that a frozen file changed, instead
     of a refusal to write the contract."""
@@ -325,6 +328,8 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise UsageError(f"unknown mode(s) {', '.join(bad)}", f"choose from {', '.join(MODES)}")
+    if l2 not in L2_MODES:
+        raise UsageError(f"--l2 {l2}: not one of {', '.join(L2_MODES)}", "e.g. --l2 both: a hot and a cold cell each")
     known_shapes = target.shape_configs(spec)
     if shapes:
         unknown = [s for s in shapes if s not in known_shapes]
@@ -339,7 +344,7 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         signature=answer["signature"], parameters=answer["parameters"], base_ref=base_ref,
         base_commit=base_commit, test_file=spec.test_file, frozen=frozen, target_speedup=speedup,
         shapes=list(shapes or known_shapes), modes=list(modes), langs=list(langs),
-        input_overrides=overrides, varlen=varlen, max_iters=max_iters,
+        input_overrides=overrides, varlen=varlen, l2=l2, max_iters=max_iters,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
     dirty = [] if frozen_may_differ else changed_frozen(target, contract)
@@ -348,6 +353,12 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         raise UsageError(f"frozen file(s) already differ from the base {base_commit[:12]}: {names}",
                          "the contract freezes the base's versions: commit or revert these edits first")
     return contract
+
+
+L2_WORDS = {"rotate": "rotate (input sets rotated, together over twice the L2)",
+            "hot": "hot (the same inputs every call, never flushed)",
+            "cold": "cold (flushed before every call, the flush not timed)",
+            "both": "both (a hot and a cold cell per shape and mode)"}
 
 
 def render_draft(c: Contract) -> str:
@@ -369,6 +380,7 @@ read; this page is for people. Edit the prose freely; change the contract with
 - Shapes: {", ".join(f"`{s}`" for s in c.shapes) or "(none)"}
 - Modes: {", ".join(c.modes)}
 - Variable-length (packed `cu_seqlens`) cells: {"yes, one per shape" if c.varlen else "no"}
+- L2 as each timed call starts: {L2_WORDS[c.l2]}
 - Input transforms overridden for the bench: {overrides}
 - Iteration cap: {c.max_iters} iterations of `flaloop iter`
 

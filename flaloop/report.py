@@ -274,7 +274,7 @@ def cell_rows(record: RunRecord, ceilings: roofline.Ceilings | None, family: roo
         eager = summ.get("eager") or {}
         rows.append({
             "id": c.id, "shape_name": c.shape_name, "shape": c.shape, "mode": c.mode,
-            "dtype": c.dtype, "varlen": c.varlen, "seqlens": list(c.seqlens) if c.seqlens else None,
+            "dtype": c.dtype, "varlen": c.varlen, "seqlens": list(c.seqlens) if c.seqlens else None, "l2": c.l2,
             "status": cell.status, "reason": cell.reason, "timer": cell.timer,
             "verdict": cell.verdict, "speedup": est.speedup if est else None, "ci_low": est.ci_low if est else None,
             "ci_high": est.ci_high if est else None, "n_pairs": est.n_pairs if est else None,
@@ -505,6 +505,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         "cells": rows,
         "coverage": {"dense": [r["id"] for r in rows if not r["varlen"]], "varlen": [r["id"] for r in rows if r["varlen"]],
                      "modes": sorted({r["mode"] for r in rows if r["mode"]}),
+                     "l2": sorted({r["l2"] for r in rows}),
                      "shapes": sorted({r["shape_name"] for r in rows if r["shape_name"]})},
         "reproduce": reproduce,
         "commands": {"bench": portable_command(record.command or ""), "gate": f"flaloop gate {op}",

@@ -226,7 +226,9 @@ def _benchmark(doc: dict) -> list[str]:
     cov = doc["coverage"]
     kinds = " + ".join(k for k in ("dense", "varlen") if cov[k]) or "none"
     out.append(f"Coverage: {kinds}: {len(cov['dense'])} dense cell(s), {len(cov['varlen'])} varlen cell(s) "
-               f"({', '.join(cov['varlen']) or 'none'}); modes {', '.join(cov['modes'])}.")
+               f"({', '.join(cov['varlen']) or 'none'}); modes {', '.join(cov['modes'])}"
+               + ("." if cov.get("l2", ["rotate"]) == ["rotate"] else
+                  f"; L2 as each timed call starts: {', '.join(cov['l2'])} (flaloop's README: \"Cold and hot L2\")."))
     roof = doc["roofline"]
     if roof["family"]:
         c = roof["ceilings"]

@@ -311,7 +311,9 @@ def annotate(record, ceilings: Ceilings | None, family: Family | None) -> None:
             continue
         roof = CellRoofline(bytes=cost.bytes, flops=cost.flops)
         if ceilings is not None:
-            floor, bound = ceilings.floor_ms(cost.bytes, cost.flops)
+            # a hot cell's bytes may come from the L2, faster than the DRAM bandwidth measured: only
+            # the compute floor bounds it
+            floor, bound = ceilings.floor_ms(0 if c.l2 == "hot" else cost.bytes, cost.flops)
             pct = {side: (100.0 * floor / getattr(cell.summary, side).median
                           if getattr(cell.summary, side) is not None and getattr(cell.summary, side).median else None)
                    for side in ("base", "cand")}

@@ -123,7 +123,7 @@ def test_report_from_a_real_bench_has_every_field_and_plots(profiled, tmp_path):
         assert roof["floor_ms"] > 0 and roof["pct_of_floor_cand"] > 0 and roof["bound"] in ("memory", "compute")
     assert doc["summary"]["geomean"]["ci_low"] <= doc["summary"]["geomean"]["speedup"]
     assert doc["coverage"] == {"dense": ["B2_T64_H2_D16/fwd", "B2_T64_H2_D16/fwdbwd"], "varlen": [],
-                               "modes": ["fwd", "fwdbwd"], "shapes": ["B2_T64_H2_D16"]}
+                               "modes": ["fwd", "fwdbwd"], "l2": ["rotate"], "shapes": ["B2_T64_H2_D16"]}
     assert doc["commands"]["bench"].startswith(f"flaloop bench {OP}")
     assert doc["commits"]["base_commit"] == git_mod.head_commit(repo)
     assert doc["environment"]["device"] == "cpu" and doc["environment"]["idle"]["available"] is False

@@ -421,6 +421,28 @@ def test_sample_and_eager_times(workers):
     assert base.req('sample', cell='cal')['ok'] is False
 
 
+def test_each_l2_state_sets_the_cell_up_and_a_cold_sample_leaves_the_flush_out_of_its_time(workers):
+    """hot: one input set whatever n_sets asks; cold on the CPU: each call timed alone after the
+    cache flush, which is slower than the toy call by far, so a flush inside the time would show."""
+    from flaloop.bench.worker import timing
+
+    base = workers('base')
+    hot = base.ok('setup', cell=cell('hot', l2='hot', n_sets=3, k=2))
+    assert hot['l2'] == 'hot' and hot['n_sets'] == 1 and hot['flush_ms'] is None
+    assert base.ok('setup', cell=cell('rot', n_sets=3, k=2))['n_sets'] == 3  # rotate: as asked
+    cold = base.ok('setup', cell=cell('cold', l2='cold', k=4))
+    assert cold['l2'] == 'cold' and cold['timer'] == 'cpu'
+    flush = timing.L2Flush(torch.device('cpu'), None)
+    flush()
+    flush_ms = sorted(timing.cpu_time_ms(flush) for _ in range(3))[1]
+    times = base.ok('sample', cell='cold', n=5)['times_ms']
+    assert all(t > 0 for t in times) and sorted(times)[2] < flush_ms / 3, (times, flush_ms)
+    bad = base.req('setup', cell=cell('bad', l2='warm'))
+    assert bad['ok'] is False and "l2 must be one of ['rotate', 'hot', 'cold'], got 'warm'" in bad['error']
+    for c in ('hot', 'rot', 'cold'):
+        base.ok('release', cell=c)
+
+
 def test_set0_independent_of_n_sets_and_nonzero(workers, tmp_path):
     ident = workers('base', 'toy_ident')
     ident.ok('setup', cell=cell('one', seed=7))
@@ -685,6 +707,31 @@ def test_gpu_graph_timer_and_proof(tmp_path):
         w.close()
         c.close()
         s.close()
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_l2_states_hot_one_set_cold_flushes_in_the_graph_and_subtracts_them(tmp_path):
+    tree = make_tree(tmp_path / 'gpu')
+    w = Driver(tree, 'toy_op', 'base', device='cuda')
+    try:
+        shape = {'B': 2, 'T': 256, 'H': 4, 'D': 64}
+        times = {}
+        for state in ('hot', 'cold', 'rotate'):
+            r = w.ok('setup', cell=cell(state, mode='fwdbwd', dtype='bfloat16', shape=shape, l2=state, placements=2))
+            assert r['timer'] == 'cuda_graph' and r['capture_error'] is None and r['l2'] == state, r
+            assert (r['n_sets'] == 1) if state == 'hot' else (r['n_sets'] > 1), r  # these sets fit the L2
+            assert (r['flush_ms'] or 0) > 0 if state == 'cold' else r['flush_ms'] is None
+            times[state] = sorted(t for i in range(4) for t in w.ok('sample', cell=state, placement=i)['times_ms'])
+            assert all(t > 0 for t in times[state]), (state, times[state])
+            w.ok('release', cell=state)
+        # a flushed L2 cannot make the call much faster than a warm one
+        assert times['cold'][2] > 0.9 * times['hot'][2], times
+        r = w.ok('setup', cell=cell('cold-eager', mode='fwd', dtype='bfloat16', shape=shape, l2='cold', timer='eager', k=3))
+        assert r['timer'] == 'cuda_eager' and r['flush_ms'] is None
+        assert all(t > 0 for t in w.ok('sample', cell='cold-eager', n=3)['times_ms'])
+    finally:
+        w.close()
 
 
 def test_fixture_trees_differ(trees):

@@ -24,6 +24,21 @@ MODES = ("fwd", "fwdbwd")
 DTYPES = ("bfloat16", "float16", "float32")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 DEVICES = ("auto", "cuda", "cpu")
+# What the L2 holds when a timed call starts (the worker's BuiltCell.sample; README, "Cold and hot
+# L2"). rotate: calls rotate over input sets that together exceed twice the L2 (the default, and
+# the only state before --l2 existed). hot: every call on the same inputs, none flushed, so they come
+# from the L2 when they fit. cold: the L2 flushed before every call, each call timed alone, the
+# flush outside its time. both: a hot cell and a cold cell for each shape and mode.
+L2_STATES = ("rotate", "hot", "cold")
+L2_MODES = (*L2_STATES, "both")
+L2_HELP = ("What the L2 holds as each timed call starts: rotate (input sets rotated, together over twice "
+           "the L2), hot (the same inputs every call), cold (flushed before every call, the flush not timed), "
+           "or both (a hot and a cold cell per shape and mode).")
+
+
+def l2_states(mode: str) -> list[str]:
+    """The L2 states whose cells an --l2 mode asks for."""
+    return ["hot", "cold"] if mode == "both" else [mode]
 IMPORT_MODES = ("full", "lean")
 MAX_UNSEEN = 64  # unseen shapes (each costs a setup and two calls a side and mode)
 # what flaloop sets for both sides' workers, which --cand-env may not change
@@ -52,6 +67,7 @@ class BenchConfig:
     modes: list[str] = opt(factory=lambda: list(MODES), help="fwd,fwdbwd (default: the contract's).",
                            from_contract=True, kind="csv", choices=MODES)
     varlen: bool = opt(False, "Add packed cu_seqlens cells (default: the contract's).", from_contract=True)
+    l2: str = opt("rotate", L2_HELP + " Default: the contract's (`init --l2`).", from_contract=True, choices=L2_MODES)
     dtype: str = opt("bfloat16", "Input dtype (bf16, fp16 and fp32 say the same).", choices=DTYPES)
     device: str = opt("auto", "Where the workers run.", choices=DEVICES)
     margin: float = opt(0.005, "SAME margin, percent.", unit="percent")
@@ -255,10 +271,11 @@ class Cell:
     mode: str
     dtype: str = "bfloat16"
     seqlens: tuple[int, ...] | None = None
+    l2: str = "rotate"  # L2_STATES: what the L2 holds as each timed call starts
 
     @property
     def id(self) -> str:
-        return f"{self.shape_name}/{self.mode}"
+        return f"{self.shape_name}/{self.mode}" + ("" if self.l2 == "rotate" else f"/l2-{self.l2}")
 
     @property
     def varlen(self) -> bool:
@@ -268,7 +285,7 @@ class Cell:
         """The cell as a worker's `setup` takes it: the config's own names for its options."""
         return {"id": self.id, "shape": self.shape, "mode": self.mode, "dtype": self.dtype, "seed": cfg.seed,
                 "inputs": cfg.inputs, "seqlens": list(self.seqlens) if self.seqlens else None, "k": k,
-                "timer": timer, "sample_ms": cfg.sample_ms, "placements": placements}
+                "timer": timer, "sample_ms": cfg.sample_ms, "placements": placements, "l2": self.l2}
 
     def to_dict(self) -> dict:
         return {**asdict(self), "id": self.id}
@@ -291,20 +308,24 @@ def varlen_shape(name: str, shape: dict, seed: int = 0) -> tuple[str, dict, tupl
 
 
 def make_cells(shape_configs: dict[str, dict], names: list[str], modes: list[str], dtype: str,
-               varlen: bool) -> list[Cell]:
+               varlen: bool, l2: str = "rotate") -> list[Cell]:
+    """The cells of these shapes and modes (a packed variant of each shape with `varlen`), one per
+    L2 state that the --l2 mode `l2` asks for."""
     unknown = [n for n in names if n not in shape_configs]
     if unknown:
         raise UsageError(f"unknown shape(s) {', '.join(unknown)}", f"known: {', '.join(shape_configs)}")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise UsageError(f"unknown mode(s) {', '.join(bad)}", f"choose from {', '.join(MODES)}")
+    if l2 not in L2_MODES:
+        raise UsageError(f"--l2 {l2}: not one of {', '.join(L2_MODES)}")
+    states = l2_states(l2)
     cells = []
     for name in names:
-        for mode in modes:
-            cells.append(Cell(name, dict(shape_configs[name]), mode, dtype))
+        cells.extend(Cell(name, dict(shape_configs[name]), mode, dtype, l2=s) for mode in modes for s in states)
         if varlen:
             vname, vshape, lens = varlen_shape(name, shape_configs[name])
-            cells.extend(Cell(vname, vshape, mode, dtype, lens) for mode in modes)
+            cells.extend(Cell(vname, vshape, mode, dtype, lens, l2=s) for mode in modes for s in states)
     return cells
 
 

@@ -91,7 +91,7 @@ def plan(target, contract, *, base: TreeRef, candidate: TreeRef, shapes: list[st
         raise UsageError(f"the base {base.commit[:12]} has no {registry_rel}",
                          "choose a base that has the registry (--base)")
     configs = target.shape_configs(spec)
-    cells = make_cells(configs, shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen)
+    cells = make_cells(configs, shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen, cfg.l2)
     if not cells:
         raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
     cfg.inputs = {**contract.input_overrides, **cfg.inputs}

@@ -294,7 +294,7 @@ def stop_cmd(
             raise records.HandEdited(ws.opt_log, c.op, edits)
         if go:
             missing = rules.go_missing(iters, ws.dispatch_rows(), target=c.target_speedup, shapes=c.shapes,
-                                       modes=c.modes, varlen=c.varlen)
+                                       modes=c.modes, varlen=c.varlen, l2=c.l2)
             if not missing:
                 console.print("the go needs kernels that explain the win: the kept iteration against the base ...")
                 explanation = explain.for_go(target, c, rules.best(iters), steps=steps, command=_command_line(),
@@ -327,6 +327,7 @@ def stop_cmd(
                 "target": c.target_speedup, "conditions": rules.stop_conditions(iters, c.max_iters),
                 "bar": list(rules.NO_GO_ITEMS) if no_go else ["keep", "full gate", "target", "full shape set",
                                                               *(["varlen cells"] if c.varlen else []),
+                                                              *(["L2 states"] if c.l2 != "rotate" else []),
                                                               "explained win", "sanitizer"]}
         if checked:
             data["bound_numbers"] = checked.numbers
@@ -514,7 +515,7 @@ def status_cmd(op: str, repo: RepoOpt = None, python: PyOpt = None, as_json: Jso
     """Where the loop stands: phase, iterations, best, stall counter, last gate, target, next command."""
     target, c, ws = _setup(op, repo, python)
     st = rules.state(ws.iterations(), ws.decisions(), ws.dispatch_rows(), op=op, target=c.target_speedup,
-                     max_iters=c.max_iters, shapes=c.shapes, modes=c.modes)
+                     max_iters=c.max_iters, shapes=c.shapes, modes=c.modes, varlen=c.varlen, l2=c.l2)
     edits = records.check_doc(ws, ws.opt_log)
     doc = {"ok": True, "op": op, **st, "opt_log": {"path": str(ws.opt_log), "hand_edits": [e.to_dict() for e in edits]},
            "workspace": {"path": str(ws.path), "usage": workspace.usage(target, op)}}

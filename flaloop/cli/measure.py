@@ -70,7 +70,7 @@ def _shape_list(self) -> list[str] | None:
 
 def _config(self, c: contract_mod.Contract, aa: bool = False) -> BenchConfig:
     """The BenchConfig these options ask for: fields by their own names, percent back to fractions,
-    the contract's modes and varlen where none were given, --quick's preset over it all."""
+    the contract's modes, varlen and l2 where none were given, --quick's preset over it all."""
     values: dict = {}
     for f in dataclasses.fields(BenchConfig):
         if not f.metadata.get("cli"):
@@ -85,8 +85,10 @@ def _config(self, c: contract_mod.Contract, aa: bool = False) -> BenchConfig:
             flag = (f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),))[0]
             value = (contract_mod.parse_overrides(value or []) if flag == "--input" else
                      contract_mod.parse_overrides(value or [], flag, "NAME=VALUE", "FLA_TILELANG=1"))
-        elif f.metadata.get("from_contract"):
+        elif f.metadata.get("from_contract") and isinstance(f.default, bool):
             value = bool(value) or bool(getattr(c, f.name))
+        elif f.metadata.get("from_contract"):
+            value = value if value is not None else getattr(c, f.name, f.default)
         values[f.name] = value
     return BenchConfig(**{**values, "aa": aa, **(QUICK if self.quick else {})}).check()
 

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flaloop import contract as contract_mod
+from flaloop.bench import model as model_mod
 from flaloop.cli.app import LIST, JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, human, out, with_options
 from flaloop.cli.render import print_table
 from flaloop.target import Target
@@ -49,6 +50,7 @@ def init_cmd(
     modes: Annotated[str, typer.Option("--modes", metavar=LIST, help="Bench modes, comma separated.")] = "fwd,fwdbwd",
     inputs: Annotated[list[str] | None, typer.Option("--input", help="Override an input transform: k=l2norm.")] = None,
     varlen: Annotated[bool, typer.Option("--varlen", help="Bench a packed cu_seqlens variant of each shape too.")] = False,
+    l2: Annotated[str, typer.Option("--l2", help=model_mod.L2_HELP)] = "rotate",
     max_iters: Annotated[int, typer.Option("--max-iters", help="Iteration cap of the loop.")] = 20,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing contract.")] = False,
     lock_options: LockOptions = None,  # type: ignore[assignment]
@@ -63,7 +65,7 @@ def init_cmd(
         target, spec, base_ref=base, speedup=contract_mod.parse_speedup(target_speedup),
         shapes=shape_list or None, langs=[x for x in langs.split(",") if x],
         modes=[x for x in modes.split(",") if x], overrides=contract_mod.parse_overrides(inputs or []),
-        varlen=varlen, max_iters=max_iters)
+        varlen=varlen, max_iters=max_iters, l2=l2)
     with lock_options.hold(target, op, human(as_json), "init"):
         cpath, dpath = contract_mod.write(target, c, force)
     if as_json:

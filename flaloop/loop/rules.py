@@ -21,6 +21,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from flaloop import stats
+from flaloop.bench.model import l2_states
 from flaloop.loop.store import Decision, DispatchRow, Iteration
 
 STALL_LIMIT = 3  # consecutive non-keep iterations before `iter` refuses until `reassess`
@@ -65,6 +66,7 @@ def compare(record, record_path: str | None) -> dict:
         "shapes": sorted({c.cell.shape_name for c in record.cells}),
         "modes": sorted({c.cell.mode for c in record.cells}),
         "varlen": [c.id for c in record.cells if c.cell.seqlens and c.verdict in MEASURED],
+        "l2": sorted({c.cell.l2 for c in record.cells if c.verdict in MEASURED}),
         "blocked": blocked, "complete": complete, "errors": list(record.errors),
         "guard_findings": [f.to_dict() for f in record.guard.findings],
     }
@@ -190,7 +192,7 @@ def stop_conditions(iters: list[Iteration], max_iters: int) -> list[str]:
 # -- stop: go and no-go -------------------------------------------------------------------------
 
 def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target: float, shapes: list[str],
-               modes: list[str], varlen: bool = False) -> list[tuple[str, str]]:
+               modes: list[str], varlen: bool = False, l2: str = "rotate") -> list[tuple[str, str]]:
     """What `stop --go` lacks: (item, why) pairs; empty when the go is earned."""
     keep = best(iters)
     if keep is None or keep.status != "keep":
@@ -211,6 +213,10 @@ def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target: f
         if varlen and not vb.get("varlen"):
             out.append(("varlen cells", f"the contract has --varlen, but iteration {keep.iter} measured no packed "
                                         f"(cu_seqlens) cell against the base"))
+        lacking = [st for st in l2_states(l2) if st not in vb.get("l2", ["rotate"])]
+        if lacking:
+            out.append(("L2 states", f"the contract has --l2 {l2}, but iteration {keep.iter} measured no "
+                                     f"{' or '.join(lacking)} cell against the base"))
         if not covers(vb, shapes, modes):
             out.append(("full shape set", f"iteration {keep.iter} measured {', '.join(vb['shapes'])} "
                                           f"({', '.join(vb['modes'])}); the contract has {', '.join(shapes)} "
@@ -250,13 +256,14 @@ def speedup_vs_base(it: Iteration | None) -> float | None:
 
 
 def state(iters: list[Iteration], decisions: list[Decision], dispatch: list[DispatchRow], *, op: str,
-          target: float, max_iters: int, shapes: list[str], modes: list[str]) -> dict:
+          target: float, max_iters: int, shapes: list[str], modes: list[str], varlen: bool = False,
+          l2: str = "rotate") -> dict:
     """The phase, the counters and the next command, as `flaloop status` shows them."""
     tries = attempts(iters)
     b = best(iters)
     stall = stall_count(iters, decisions)
     conditions = stop_conditions(iters, max_iters)
-    go = go_missing(iters, dispatch, target=target, shapes=shapes, modes=modes)
+    go = go_missing(iters, dispatch, target=target, shapes=shapes, modes=modes, varlen=varlen, l2=l2)
     last_stop = next((d for d in reversed(decisions) if d.kind == "stop"), None)
     stopped = last_stop is not None and last_stop.after_iter >= (tries[-1].iter if tries else 0)
     speed = speedup_vs_base(b)

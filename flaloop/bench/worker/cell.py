@@ -32,6 +32,7 @@ from .protocol import short_error
 from .tuning import tuning_added, tuning_snapshot
 
 VALID_TIMERS = ('auto', 'eager')
+VALID_L2 = ('rotate', 'hot', 'cold')  # bench/model.L2_STATES
 DEFAULT_WARMUP = 5            # eager calls before anything is timed (Triton compile + autotune)
 DEFAULT_SAMPLE_MS = 2.0   # calibrated k makes one sample last at least this long
 MAX_K = 256
@@ -57,6 +58,11 @@ class BuiltCell:
         self.timer_req = spec.get('timer', 'auto')
         if self.timer_req not in VALID_TIMERS:
             raise ValueError(f'timer must be one of {list(VALID_TIMERS)}, got {self.timer_req!r}')
+        self.l2 = spec.get('l2') or 'rotate'
+        if self.l2 not in VALID_L2:
+            raise ValueError(f'l2 must be one of {list(VALID_L2)}, got {self.l2!r}')
+        self.flush_graph = None  # cold, graph timer: k flushes alone, whose time each sample subtracts
+        self.flush_ms = None
         self.sample_ms = float(spec.get('sample_ms') or DEFAULT_SAMPLE_MS)
         self.warmup = int(spec.get('warmup') or DEFAULT_WARMUP)
         self.k = spec.get('k')
@@ -112,7 +118,8 @@ class BuiltCell:
         self.extra_kwarg_names = sorted(varlen_kw)
         first = self._make(0, varlen_kw)
         self.set_bytes = first.nbytes
-        self.n_sets = self.spec.choose_n_sets(self.set_bytes, self.is_cuda, self.w.l2_bytes)
+        # hot: one set, so that every call finds the previous call's inputs in the L2
+        self.n_sets = 1 if self.l2 == 'hot' else self.spec.choose_n_sets(self.set_bytes, self.is_cuda, self.w.l2_bytes)
         self.sets = [first] + [self._make(i, varlen_kw) for i in range(1, self.n_sets)]
         if self.check_only:
             self.timer, self.k = ('cuda_eager' if self.is_cuda else 'cpu'), 1
@@ -162,7 +169,7 @@ class BuiltCell:
             'setup_s': time.perf_counter() - t_setup, 'mode': self.mode,
             'dtype': str(self.dtype).replace('torch.', ''), 'shape': self.spec.shape,
             'per_call_ms_estimate': self.per_call_ms_estimate, 'extra_kwargs': self.extra_kwarg_names,
-            'tuning': self.tuning,
+            'tuning': self.tuning, 'l2': self.l2, 'flush_ms': self.flush_ms,
             # what the target's backend registries served so far in this process (both sides set up
             # the same cells in the same order, so the two snapshots compare)
             'backends': backend_snapshot(),
@@ -279,7 +286,7 @@ class BuiltCell:
                 sets = [self._make(i, varlen_kw) for i in range(self.n_sets)]
                 graph = None
                 if self.timer == 'cuda_graph':
-                    graph, static = self._capture(self.k, sets)
+                    graph, static = self._capture(self.k, sets, flush=self.l2 == 'cold')
                     self._prove(graph, static, sets)
                     del static
                 else:
@@ -304,14 +311,40 @@ class BuiltCell:
     # -- timing -------------------------------------------------------------------------------------
 
     def sample(self, placement: int = 0) -> tuple[float, float]:
-        """(per-call device ms, per-call host wall ms) of one sample of k calls on a placement."""
-        if not self.is_cuda:
-            ms = timing.cpu_time_ms(self.k_calls)
-            return ms / self.k, ms / self.k
+        """(per-call device ms, per-call host wall ms) of one sample of k calls on a placement, in
+        the cell's L2 state (bench/model.L2_STATES): rotate and hot, the L2 flushed before the
+        sample (rotate) or not (hot), then k calls between two events; cold, see `_cold_sample`."""
         sets, graph = self.placement(placement)
-        self.w.flush_l2()  # outside the events
+        if self.l2 == 'cold':
+            return self._cold_sample(sets, graph)
+        if not self.is_cuda:
+            ms = timing.cpu_time_ms(lambda: self.k_calls(sets))
+            return ms / self.k, ms / self.k
+        if self.l2 != 'hot':
+            self.w.flush_l2()  # outside the events
         fn = (lambda: timing.replay(graph)) if self.timer == 'cuda_graph' else (lambda: self.k_calls(sets))
         dev, wall = timing.cuda_time_ms(fn)
+        return dev / self.k, wall / self.k
+
+    def _cold_sample(self, sets: list[InputSet], graph) -> tuple[float, float]:
+        """k calls, each after an L2 flush, the flushes' time not counted. Under the graph timer
+        the graph holds k (flush, call) pairs, so the GPU runs them back to back, and the time of
+        `flush_graph` (k flushes alone), taken right after, is subtracted from both the device and
+        the wall time. Otherwise (eager, CPU) each call is timed alone, the flush just before its
+        window."""
+        if self.timer == 'cuda_graph':
+            self.w.flush_l2()
+            dev, wall = timing.cuda_time_ms(lambda: timing.replay(graph))
+            fdev, fwall = timing.cuda_time_ms(lambda: timing.replay(self.flush_graph))
+            return (dev - fdev) / self.k, (wall - fwall) / self.k
+        dev = wall = 0.0
+        for _ in range(self.k):
+            self.w.flush_l2()
+            if self.is_cuda:
+                d, w = timing.cuda_time_ms(lambda: self.calls(1, sets))
+            else:
+                d = w = timing.cpu_time_ms(lambda: self.calls(1, sets))
+            dev, wall = dev + d, wall + w
         return dev / self.k, wall / self.k
 
     def eager_sample(self) -> tuple[float, float]:
@@ -352,9 +385,11 @@ class BuiltCell:
         try:
             if self.k is None:
                 self._calibrate_k_with_graph()
-            graph, static = self._capture(self.k)
+            graph, static = self._capture(self.k, flush=self.l2 == 'cold')
             self.graph_bitwise_equal = self._prove(graph, static)
             self.graph, self.static = graph, static
+            if self.l2 == 'cold':
+                self._capture_flushes()
             return 'cuda_graph'
         except Exception as e:
             self.capture_error = short_error(e)
@@ -387,8 +422,19 @@ class BuiltCell:
         del probe, probe_static
         self._set_k(sorted(times)[1])
 
-    def _capture(self, m: int, sets: list[InputSet] | None = None):
-        """Capture m calls (cycling the sets of placement 0, or `sets`) into one CUDAGraph.
+    def _capture_flushes(self) -> None:
+        """The cold graph timer's `flush_graph`: k L2 flushes alone, and their median time per call."""
+        self.flush_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.flush_graph):
+            for _ in range(self.k):
+                self.w.flush_l2()
+        timing.device_sync()
+        times = sorted(timing.cuda_time_ms(lambda: timing.replay(self.flush_graph))[0] for _ in range(3))
+        self.flush_ms = times[1] / self.k
+
+    def _capture(self, m: int, sets: list[InputSet] | None = None, flush: bool = False):
+        """Capture m calls (cycling the sets of placement 0, or `sets`) into one CUDAGraph, each
+        after an L2 flush with `flush` (the cold L2 state).
 
         Keeps the outputs (and grads) of the last captured call on each set as the static tensors
         the proof checks; the pool memory of earlier calls is recycled within the capture.
@@ -396,10 +442,14 @@ class BuiltCell:
         sets = sets or self.sets
         n = len(sets)
         timing.side_stream_warmup(lambda: self.calls(max(3, n), sets))
+        if flush:
+            self.w.flush_l2()  # its buffer is allocated outside the capture
         graph = torch.cuda.CUDAGraph()
         static: dict[int, dict] = {}
         with torch.cuda.graph(graph):
             for j in range(m):
+                if flush:
+                    self.w.flush_l2()
                 s = sets[j % n]
                 static.pop(s.index, None)
                 out = self.call(s)  # fwdbwd: leaf.grad=None first, so backward allocates from the graph pool

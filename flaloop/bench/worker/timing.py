@@ -14,6 +14,7 @@ launched would be counted as the op's time.
 from __future__ import annotations
 
 import gc
+import glob
 import time
 
 import torch
@@ -75,8 +76,27 @@ def cpu_time_ms(fn) -> float:
             _gc_enable()
 
 
+CPU_FLUSH_MIN_BYTES = 32 << 20
+
+
+def cpu_cache_bytes() -> int | None:
+    """The largest CPU cache Linux lists for cpu0 (the last level), or None."""
+    sizes = []
+    for d in glob.glob('/sys/devices/system/cpu/cpu0/cache/index*/size'):
+        try:
+            text = open(d).read().strip().upper()
+        except OSError:
+            continue
+        scale = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip('KMG')
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
 class L2Flush:
-    """Overwrite a buffer twice the L2's size before each timed sample (outside the events)."""
+    """Overwrite a buffer twice the cache's size (outside the timed window, or captured into a cold
+    cell's graph before each call): the GPU's L2, or on the CPU its last-level cache."""
 
     def __init__(self, device, l2_bytes: int | None):
         self.device, self.l2_bytes = device, l2_bytes
@@ -84,7 +104,10 @@ class L2Flush:
 
     def __call__(self) -> None:
         if self._buf is None:
-            n = max(2 * (self.l2_bytes or 0), FLUSH_MIN_BYTES)
+            if self.device.type == 'cuda':
+                n = max(2 * (self.l2_bytes or 0), FLUSH_MIN_BYTES)
+            else:
+                n = max(2 * (cpu_cache_bytes() or 0), CPU_FLUSH_MIN_BYTES)
             self._buf = torch.empty(n, dtype=torch.uint8, device=self.device)
         _zero(self._buf)
 

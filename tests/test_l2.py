@@ -1,0 +1,53 @@
+"""`--l2`: what the L2 holds as each timed call starts (rotate, hot, cold, or both), on the CPU
+timer with the toy op. A contract's `init --l2` is the bench's default, `bench --l2` overrides it,
+each state is a cell of its own (the id says which), and bad values are refused, naming them.
+What the GPU's cold and hot times read is the device's to show (docs/BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import flaloop
+from test_bench import QUICK, bench
+
+SHAPE = "B2_T64_H2_D16"
+
+
+def test_both_makes_a_hot_and_a_cold_cell_per_shape_and_mode_each_measured_in_its_state(toy):
+    r, rec = bench(toy, "--aa", "--modes", "fwd", "--l2", "both")
+    assert r.code == 0, r.stderr
+    assert [c["cell"]["id"] for c in rec["cells"]] == [f"{SHAPE}/fwd/l2-hot", f"{SHAPE}/fwd/l2-cold"]
+    assert rec["config"]["l2"] == "both"
+    for c, state in zip(rec["cells"], ("hot", "cold"), strict=True):
+        assert c["status"] == "ok" and c["verdict"] in ("SAME", "UNSURE"), (c["status"], c["reason"], c["verdict"])
+        assert c["cell"]["l2"] == state
+        for side in ("base", "cand"):
+            assert c["setup"][side]["l2"] == state
+    assert rec["cells"][0]["setup"]["base"]["n_sets"] == 1  # hot: the same inputs every call
+
+
+def test_the_contract_s_l2_is_the_default_and_the_option_overrides_it(toy):
+    r = flaloop(toy, "init", "toy_attn", "--force", "--shapes", SHAPE, "--modes", "fwd", "--l2", "cold", "--json")
+    assert r.code == 0, r.stderr
+    contract = json.loads(r.stdout)
+    assert contract["l2"] == "cold"
+    draft = (toy / "profile" / "toy_attn-opt" / "docs" / "draft.md").read_text()
+    assert "L2 as each timed call starts: cold (flushed before every call, the flush not timed)" in draft
+    r, rec = bench(toy, "--aa")
+    assert r.code == 0, r.stderr
+    assert [c["cell"]["id"] for c in rec["cells"]] == [f"{SHAPE}/fwd/l2-cold"] and rec["config"]["l2"] == "cold"
+    r, rec = bench(toy, "--aa", "--l2", "rotate")
+    assert r.code == 0, r.stderr
+    assert [c["cell"]["id"] for c in rec["cells"]] == [f"{SHAPE}/fwd"]  # the default state keeps the old ids
+
+
+def test_a_bad_l2_is_refused_naming_it_on_the_command_line_and_in_the_contract(toy):
+    r = flaloop(toy, "bench", "toy_attn", *QUICK, "--l2", "warm")
+    assert r.code == 2 and "--l2 warm: not one of rotate, hot, cold, both" in r.stderr, r.stderr
+    r = flaloop(toy, "init", "toy_attn", "--force", "--l2", "warm")
+    assert r.code == 2 and "--l2 warm: not one of rotate, hot, cold, both" in r.stderr, r.stderr
+    path = toy / "profile" / "toy_attn-opt" / "contract.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "l2": "warm"}))
+    r = flaloop(toy, "bench", "toy_attn", *QUICK)
+    assert r.code != 0 and "l2: 'warm' not among rotate, hot, cold, both" in r.stderr, r.stderr
