@@ -51,3 +51,27 @@ def test_a_bad_l2_is_refused_naming_it_on_the_command_line_and_in_the_contract(t
     path.write_text(json.dumps({**data, "l2": "warm"}))
     r = flaloop(toy, "bench", "toy_attn", *QUICK)
     assert r.code != 0 and "l2: 'warm' not among rotate, hot, cold, both" in r.stderr, r.stderr
+
+
+def test_explain_profiles_a_cold_cell_after_a_flush_left_out_of_its_steps(toy, tmp_path):
+    """The profile step that explains a win runs each step of a cold cell after a cache flush, as
+    the bench timed it; the flush's op is not one of the step's."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    wire = {"id": f"{SHAPE}/fwd/l2-cold", "shape": {"B": 2, "T": 64, "H": 2, "D": 16}, "mode": "fwd",
+            "dtype": "float32", "seed": 0, "inputs": {}, "seqlens": None, "k": 1, "timer": "eager",
+            "sample_ms": 1.0, "placements": 1, "l2": "cold"}
+    out = tmp_path / "prof"
+    subprocess.run([sys.executable, str(ROOT / "flaloop" / "scripts" / "profile_step.py"), "--tree", str(toy),
+                    "--registry", str(toy / "benchmarks" / "ops" / "registry.py"), "--op", "toy_attn",
+                    "--cells", json.dumps([wire]), "--steps", "3", "--out", str(out), "--side", "base",
+                    "--device", "cpu"], check=True, timeout=300)
+    doc = json.loads((out / "cells-base.json").read_text())
+    assert doc["ok"], doc.get("traceback")
+    cell = doc["cells"][wire["id"]]
+    names = [k["name"] for k in cell["kernels"]]
+    assert cell["steps"] == 3 and len(cell["step_ms"]) == 3 and names, cell
+    assert not [n for n in names if "zero" in n or "fill" in n], names  # the flush ran outside the steps
