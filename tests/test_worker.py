@@ -437,6 +437,8 @@ def test_each_l2_state_sets_the_cell_up_and_a_cold_sample_leaves_the_flush_out_o
     flush_ms = sorted(timing.cpu_time_ms(flush) for _ in range(3))[1]
     times = base.ok('sample', cell='cold', n=5)['times_ms']
     assert all(t > 0 for t in times) and sorted(times)[2] < flush_ms / 3, (times, flush_ms)
+    eager = base.ok('eager', cell='cold', n=3)['wall_ms']  # the eager cross-check's samples: the same state
+    assert all(w > 0 for w in eager) and sorted(eager)[1] < flush_ms / 3, (eager, flush_ms)
     bad = base.req('setup', cell=cell('bad', l2='warm'))
     assert bad['ok'] is False and "l2 must be one of ['rotate', 'hot', 'cold'], got 'warm'" in bad['error']
     for c in ('hot', 'rot', 'cold'):
