@@ -12,7 +12,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -335,6 +338,29 @@ def test_a_contract_cell_filter_names_the_known_cells(tmp_path):
         sanitize_mod.contract_cells(target, c, ["nope/fwd"])
 
 
+def _interrupt_when(proc, started, ready, limit: float) -> tuple[str, str]:
+    """Wait (up to `limit` s) until `started()`, run `ready()` (its checks), then one SIGINT; the
+    process's output. It is killed if anything fails on the way."""
+    try:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and not started():
+            time.sleep(0.2)
+        ready()
+        proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _outliving(pids: list[int]) -> list[int]:
+    """Those of `pids` still running after up to 10 s."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(sanitize_mod.procs.running(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if sanitize_mod.procs.running(p)]
+
+
 # appended to minifla's chunk.py: the module hangs at import when `when` holds, saying its pid first
 HANG = """
 import os as _os
@@ -378,10 +404,6 @@ def test_an_interrupt_kills_every_running_sanitizer_and_its_step_and_removes_the
     """Three tools at once; the candidate's op hangs at import (a step that runs for ever under the
     tool, the step script being the sanitizer's child and flaloop's grandchild). One SIGINT: exit
     130, every sanitizer and every step gone, both worktrees removed."""
-    import signal
-    import subprocess
-    import time
-
     repo = make_repo(tmp_path / "minifla")
     assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
     chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"  # it hangs under the tool only
@@ -393,24 +415,18 @@ def test_an_interrupt_kills_every_running_sanitizer_and_its_step_and_removes_the
     proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sanitize", OP, "--commit", "HEAD", "--tool",
                              "memcheck,racecheck,initcheck"], cwd=repo, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and len([r for r in _stamps(stamps) if r[0] == "child"]) < 6:
-            time.sleep(0.2)  # three base sides done, three candidate sides started
+    def started() -> bool:  # three base sides done, three candidate sides started
+        return len([r for r in _stamps(stamps) if r[0] == "child"]) >= 6
+
+    def ready() -> None:
         rows = _stamps(stamps)
         assert len([r for r in rows if r[0] == "child"]) == 6, rows
         time.sleep(2)  # the candidates' steps are inside the hanging import
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    out, err = _interrupt_when(proc, started, ready, 240)
     assert proc.returncode == 130, out + err
     pids = [pid for kind, _, pid, _ in _stamps(stamps) if kind in ("start", "child")]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(sanitize_mod.procs.running(p) for p in pids):
-        time.sleep(0.2)
-    assert not [p for p in pids if sanitize_mod.procs.running(p)], "a sanitizer or its step outlived the interrupt"
+    assert not _outliving(pids), "a sanitizer or its step outlived the interrupt"
     assert len(git(repo, "worktree", "list").splitlines()) == 1
 
 
@@ -419,9 +435,6 @@ def test_a_side_that_hangs_with_no_tool_is_not_run_under_one_and_an_interrupt_in
     """A candidate that hangs at import even without a tool: its plain warm-up run is killed at
     --timeout, no tool runs on it (each would hang as long), the base is checked, exit 3. Then the
     same candidate, interrupted in its warm-up: exit 130, its step gone, the worktrees removed."""
-    import signal
-    import subprocess
-    import time
 
     repo = make_repo(tmp_path / "minifla")
     assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
@@ -451,19 +464,9 @@ def test_a_side_that_hangs_with_no_tool_is_not_run_under_one_and_an_interrupt_in
     proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sanitize", OP, "--commit", "HEAD", "--tool", "memcheck"],
                             cwd=repo, env={**os.environ, "TRITON_INTERPRET": "1", **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (hangs.exists() and hangs.read_text().strip()):
-            time.sleep(0.2)  # the candidate's warm-up is inside the hanging import
-        [pid] = map(int, hangs.read_text().split())
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # once the candidate's warm-up is inside the hanging import
+    out, err = _interrupt_when(proc, lambda: hangs.exists() and bool(hangs.read_text().strip()), lambda: None, 120)
     assert proc.returncode == 130, out + err
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and sanitize_mod.procs.running(pid):
-        time.sleep(0.2)
-    assert not sanitize_mod.procs.running(pid), "the warm-up's step outlived the interrupt"
+    [pid] = map(int, hangs.read_text().split())
+    assert not _outliving([pid]), "the warm-up's step outlived the interrupt"
     assert len(git(repo, "worktree", "list").splitlines()) == 1
