@@ -26,19 +26,13 @@ def test_both_makes_a_hot_and_a_cold_cell_per_shape_and_mode_each_measured_in_it
     assert rec["cells"][0]["setup"]["base"]["n_sets"] == 1  # hot: the same inputs every call
 
 
-def test_the_contract_s_l2_is_the_default_and_the_option_overrides_it(toy):
+def test_init_writes_the_l2_state_into_the_contract_and_its_draft(toy):
     r = flaloop(toy, "init", "toy_attn", "--force", "--shapes", SHAPE, "--modes", "fwd", "--l2", "cold", "--json")
     assert r.code == 0, r.stderr
-    contract = json.loads(r.stdout)
-    assert contract["l2"] == "cold"
+    assert json.loads(r.stdout)["l2"] == "cold"
+    assert json.loads((toy / "profile" / "toy_attn-opt" / "contract.json").read_text())["l2"] == "cold"
     draft = (toy / "profile" / "toy_attn-opt" / "docs" / "draft.md").read_text()
     assert "L2 as each timed call starts: cold (flushed before every call, the flush not timed)" in draft
-    r, rec = bench(toy, "--aa")
-    assert r.code == 0, r.stderr
-    assert [c["cell"]["id"] for c in rec["cells"]] == [f"{SHAPE}/fwd/l2-cold"] and rec["config"]["l2"] == "cold"
-    r, rec = bench(toy, "--aa", "--l2", "rotate")
-    assert r.code == 0, r.stderr
-    assert [c["cell"]["id"] for c in rec["cells"]] == [f"{SHAPE}/fwd"]  # the default state keeps the old ids
 
 
 def test_a_bad_l2_is_refused_naming_it_on_the_command_line_and_in_the_contract(toy):
@@ -75,3 +69,20 @@ def test_explain_profiles_a_cold_cell_after_a_flush_left_out_of_its_steps(toy, t
     names = [k["name"] for k in cell["kernels"]]
     assert cell["steps"] == 3 and len(cell["step_ms"]) == 3 and names, cell
     assert not [n for n in names if "zero" in n or "fill" in n], names  # the flush ran outside the steps
+
+
+def test_a_loop_on_an_l2_contract_iterates_on_its_cells_and_records_the_states_measured(toy):
+    """The contract's --l2 is the default of every bench of the loop: the baseline's A/A and the
+    iteration measure its hot and cold cells (an option would override it: the first test)."""
+    assert flaloop(toy, "init", "toy_attn", "--force", "--shapes", SHAPE, "--modes", "fwd", "--l2", "both").code == 0
+    r = flaloop(toy, "baseline", "toy_attn", "--json", *QUICK)
+    assert r.code == 0, r.stderr
+    base = json.loads(r.stdout)
+    assert [c["id"] for c in base["iteration"]["baseline"]["cells"]] == [f"{SHAPE}/fwd/l2-hot", f"{SHAPE}/fwd/l2-cold"]
+    fast = toy / "toyop" / "ops" / "toy" / "fast.py"
+    fast.write_text(fast.read_text().replace("    a = a.tril()\n", "    a = a.tril()  # causal\n"))
+    r = flaloop(toy, "iter", "toy_attn", "a comment", "--json", *QUICK)
+    assert r.code == 0, r.stderr  # the baseline's cells are the contract's: hot and cold
+    it = json.loads(r.stdout)["iteration"]
+    assert [c["id"] for c in it["vs_best"]["cells"]] == [f"{SHAPE}/fwd/l2-hot", f"{SHAPE}/fwd/l2-cold"]
+    assert it["vs_best"]["l2"] == ["cold", "hot"]

@@ -162,7 +162,8 @@ def print_bench(record: RunRecord, console: Console) -> None:
         if cell.tuning_differs:
             note = (note + f" autotune picked differently for {len(cell.tuning_differs)} kernel key(s)").strip()
         table.add_row(
-            c.shape_name, c.mode, cell.timer or "-", _fmt_ms(summ.base), _fmt_ms(summ.cand),
+            c.shape_name, c.mode + ("" if c.l2 == "rotate" else f" l2-{c.l2}"), cell.timer or "-",
+            _fmt_ms(summ.base), _fmt_ms(summ.cand),
             f"{est.speedup:.4f}x" if est else "-",
             f"[{est.ci_low:.4f}, {est.ci_high:.4f}]" if est else "-",
             cell.verdict or "-", f"{len(cell.pairs) - cell.dropped_pairs}/{len(cell.pairs)}",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flaloop import git
+from flaloop.bench.model import Cell, l2_states
 from flaloop.contract import Contract
 from flaloop.errors import GateRed, MeasurementError, RuleRefused, UsageError
 from flaloop.guard.findings import BLOCK, Finding
@@ -162,9 +163,10 @@ def preflight(target: Target, contract: Contract, ws: Workspace, require_change:
         raise UsageError(f"no baseline for the contract's base {contract.base_commit[:12]}",
                          f"run `flaloop baseline {contract.op}` first (phase 1: the gate and one timed run of the base)")
     timed = {c["id"] for c in (base.baseline or {}).get("cells", []) if "_varlen" not in c["id"]}
-    wanted = {f"{s}/{m}" for s in contract.shapes for m in contract.modes}
+    wanted = {Cell(s, {}, m, l2=state).id for s in contract.shapes for m in contract.modes
+              for state in l2_states(contract.l2)}
     if timed != wanted:
-        raise UsageError("the contract's shapes or modes changed since the baseline was timed",
+        raise UsageError("the contract's shapes, modes or L2 states changed since the baseline was timed",
                          f"time the base again: `flaloop baseline {contract.op} --force`")
     edits = records.check_doc(ws, ws.opt_log)
     if edits:
