@@ -4,9 +4,9 @@ Each tool (memcheck, racecheck, initcheck, synccheck) runs one process per side:
 `compute-sanitizer --tool T ... python -u scripts/sanitize_step.py`, in a detached worktree of the
 base commit and in the candidate (the working tree, or a worktree of `candidate_commit`), both
 reading the base's registry as the bench does; before any tool, each side runs the same script
-once plainly, so that compiling and autotuning happen at full speed (WARM). The step script prints `flaloop-cell <id>` before
-each cell, so every error record the tool prints on the same stream belongs to the last cell
-named before it. Records are reduced to (cell, kind, kernel): addresses, thread and block
+once plainly, so that compiling and autotuning happen at full speed (`warm_side`). The step
+script prints `flaloop-cell <id>` before each cell, so every error record the tool prints on the
+same stream belongs to the last cell named before it. Records are reduced to (cell, kind, kernel): addresses, thread and block
 indices, access sizes and hazard counts are dropped, so that the same bug reads the same on both
 sides. What only the candidate has is a blocking `sanitizer-<tool>` finding; what the base has
 too is pre-existing and reported, not blocking.
@@ -59,13 +59,6 @@ TOOL_ENV = {"memcheck": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
 # benchmarks/sanitizer_reach.py). `--padding` puts this many unallocated bytes after each
 # allocation: a block-sized overrun (64 rows of 8 heads x 64 bf16 values is 64 KiB) falls into it.
 MEMCHECK_PADDING = 1 << 20
-# Before any tool, each side runs the step script once with no tool around it (warm_side). Under a
-# tool every kernel the compiler loads is instrumented and every autotuning trial runs slowly: on
-# the H200 with a cold Triton cache, racecheck spent 147 s setting up one FLA cell that took 7 s
-# once compiled, and a side that compiled under it outran --timeout 240 on both sides (docs/
-# BENCHMARKS.md, fifteenth session). The plain run compiles at full speed, and its autotuning picks
-# (TRITON_CACHE_AUTOTUNING, shared with the bench) are timed on an uninstrumented device, not under
-# a tool whose slowdown would make them the picks the next bench reuses.
 ERROR_EXIT = 86             # compute-sanitizer's exit code when it found errors (--error-exitcode)
 PRINT_LIMIT = 1000          # error records printed per run (the summary still counts them all)
 DEFAULT_TIMEOUT = 3600.0    # seconds per process: every kernel runs instrumented
@@ -356,8 +349,15 @@ def step_command(python: str, tree: Path, registry: Path, op: str, cells_file: P
 
 def warm_side(side: str, *, python: str, tree: Path, registry: Path, op: str, cells_file: Path, out: Path,
               env: dict, device: str | None, timeout: float, running: Running | None = None) -> dict:
-    """The step script once on `tree` with no tool around it (see WARM): what it compiled and tuned,
-    the tools' runs then find in the Triton cache."""
+    """The step script once on `tree` with no tool around it, before any tool: what it compiled and
+    tuned, the tools' runs then find in the Triton cache.
+
+    Under a tool every kernel the compiler loads is instrumented and every autotuning trial runs
+    slowly: on the H200 with a cold Triton cache, racecheck spent 147 s setting up one FLA cell that
+    took 7 s once compiled, and a plant compiled under it outran `--timeout 240` on both sides
+    (docs/BENCHMARKS.md, fifteenth session). The plain run compiles at full speed, and its
+    autotuning picks (TRITON_CACHE_AUTOTUNING, shared with the bench) are timed on an
+    uninstrumented device, not under a tool whose slowdown would make them the next bench's picks."""
     log, result = out / f"warm-{side}.log", out / f"warm-{side}.json"
     t0 = time.monotonic()
     code, timed_out = _run_logged(step_command(python, tree, registry, op, cells_file, result, side, device),
