@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flaloop import __version__, fsutil, git
-from flaloop.bench.model import L2_MODES, MODES
+from flaloop.bench.model import L2_MODES, L2_WORDS, MODES
 from flaloop.errors import UsageError
 from flaloop.target import OpSpec, Target, run_query
 
@@ -353,12 +353,6 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         raise UsageError(f"frozen file(s) already differ from the base {base_commit[:12]}: {names}",
                          "the contract freezes the base's versions: commit or revert these edits first")
     return contract
-
-
-L2_WORDS = {"rotate": "rotate (input sets rotated, together over twice the L2)",
-            "hot": "hot (the same inputs every call, never flushed)",
-            "cold": "cold (flushed before every call, the flush not timed)",
-            "both": "both (a hot and a cold cell per shape and mode)"}
 
 
 def render_draft(c: Contract) -> str:

@@ -27,18 +27,15 @@ DEVICES = ("auto", "cuda", "cpu")
 # What the L2 holds when a timed call starts (the worker's BuiltCell.sample; README, "Cold and hot
 # L2"). rotate: calls rotate over input sets that together exceed twice the L2 (the default, and
 # the only state before --l2 existed). hot: every call on the same inputs, none flushed, so they come
-# from the L2 when they fit. cold: the L2 flushed before every call, each call timed alone, the
-# flush outside its time. both: a hot cell and a cold cell for each shape and mode.
+# from the L2 when they fit. cold: the L2 flushed before every call, the flush outside the time.
+# both: a hot cell and a cold cell for each shape and mode.
 L2_STATES = ("rotate", "hot", "cold")
 L2_MODES = (*L2_STATES, "both")
-L2_HELP = ("What the L2 holds as each timed call starts: rotate (input sets rotated, together over twice "
-           "the L2), hot (the same inputs every call), cold (flushed before every call, the flush not timed), "
-           "or both (a hot and a cold cell per shape and mode).")
-
-
-def l2_states(mode: str) -> list[str]:
-    """The L2 states whose cells an --l2 mode asks for."""
-    return ["hot", "cold"] if mode == "both" else [mode]
+L2_WORDS = {"rotate": "rotate (input sets rotated, together over twice the L2)",
+            "hot": "hot (the same inputs every call, never flushed)",
+            "cold": "cold (flushed before every call, the flush not timed)",
+            "both": "both (a hot and a cold cell per shape and mode)"}
+L2_HELP = f"What the L2 holds as each timed call starts: {', '.join(L2_WORDS[m] for m in L2_MODES[:-1])} or {L2_WORDS['both']}."
 IMPORT_MODES = ("full", "lean")
 MAX_UNSEEN = 64  # unseen shapes (each costs a setup and two calls a side and mode)
 # what flaloop sets for both sides' workers, which --cand-env may not change
@@ -305,6 +302,11 @@ def varlen_shape(name: str, shape: dict, seed: int = 0) -> tuple[str, dict, tupl
     cuts = sorted(rng.sample(range(1, total), n - 1))
     lens = tuple(b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True))
     return f"{name}_varlen{n}", {**shape, "B": 1, "T": total}, lens
+
+
+def l2_states(mode: str) -> list[str]:
+    """The L2 states whose cells an --l2 mode (L2_MODES) asks for."""
+    return ["hot", "cold"] if mode == "both" else [mode]
 
 
 def make_cells(shape_configs: dict[str, dict], names: list[str], modes: list[str], dtype: str,

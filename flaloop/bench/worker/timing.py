@@ -84,7 +84,8 @@ def cpu_cache_bytes() -> int | None:
     sizes = []
     for d in glob.glob('/sys/devices/system/cpu/cpu0/cache/index*/size'):
         try:
-            text = open(d).read().strip().upper()
+            with open(d) as fh:
+                text = fh.read().strip().upper()
         except OSError:
             continue
         scale = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}.get(text[-1:], 1)
