@@ -369,7 +369,7 @@ def warm_side(side: str, *, python: str, tree: Path, registry: Path, op: str, ce
     if timed_out:
         status, reason = "timeout", f"killed after {timeout:.0f}s (--timeout) with no tool around it"
     elif not step.get("ok"):
-        status, reason = "failed", f"the step script failed: {step.get('error') or f'no {result.name} (exit {code})'}"
+        status, reason = "failed", step_failure(step, result, code)
     elif failed:
         status, reason = "failed", f"{failed[0]['id']}: {failed[0].get('error')}"
     else:
@@ -377,6 +377,11 @@ def warm_side(side: str, *, python: str, tree: Path, registry: Path, op: str, ce
     return {"status": status, "reason": reason, "exit_code": code, "wall_s": round(time.monotonic() - t0, 3),
             "log": str(log), "device": step.get("device"),
             "cells": [{k: c.get(k) for k in ("id", "ok", "setup_s", "wall_s")} for c in step.get("cells") or []]}
+
+
+def step_failure(step: dict, result: Path, code: int | None) -> str:
+    """Why a step script's run (its report `step`, read from `result`) failed as a whole."""
+    return f"the step script failed: {step.get('error') or f'no {result.name} (exit {code})'}"
 
 
 def not_run(tool: str, side: str, warm: dict) -> SideRun:
@@ -419,7 +424,7 @@ def run_side(exe: str, tool: str, side: str, *, python: str, tree: Path, registr
         run.status, run.reason = "failed", f"compute-sanitizer printed no summary (exit {code}); see {log.name}"
     elif not step.get("ok"):
         run.status = "failed"
-        run.reason = f"the step script failed: {step.get('error') or f'no {result.name} (exit {code})'}"
+        run.reason = step_failure(step, result, code)
     elif parsed.no_cuda:
         run.reason = f"the step ran on {run.device or 'the CPU'}: no CUDA call, nothing for {tool} to check"
     return run
