@@ -19,7 +19,10 @@ def test_both_makes_a_hot_and_a_cold_cell_per_shape_and_mode_each_measured_in_it
     assert [c["cell"]["id"] for c in rec["cells"]] == [f"{SHAPE}/fwd/l2-hot", f"{SHAPE}/fwd/l2-cold"]
     assert rec["config"]["l2"] == "both"
     for c, state in zip(rec["cells"], ("hot", "cold"), strict=True):
-        assert c["status"] == "ok" and c["verdict"] in ("SAME", "UNSURE"), (c["status"], c["reason"], c["verdict"])
+        # An A/A on a shared two-core CPU: the verdict at a 0.5 % margin is the noise's to pick (CI
+        # once read SLOWER), so the estimate is held to the suite's neutral band instead.
+        assert c["status"] == "ok", (c["status"], c["reason"])
+        assert 0.75 < c["estimate"]["speedup"] < 1.33, c["estimate"]
         assert c["cell"]["l2"] == state
         for side in ("base", "cand"):
             assert c["setup"][side]["l2"] == state
