@@ -463,10 +463,15 @@ def check_tools(tools: list[str] | tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(tools)) or list(TOOLS)
 
 
-def findings_for(tool: str, new: list[ErrorRecord], base_cells: dict[str, dict]) -> list[Finding]:
+def findings_for(tool: str, new: list[ErrorRecord], base_cells: dict[str, dict],
+                 base_unfinished: str | None = None) -> list[Finding]:
     """One finding per error only the candidate has (in the order printed): blocking, a racecheck
     warning only warns. CUDA API errors after a kernel's error are its consequence (a faulting kernel
-    kills the context: every later call fails), counted into that kernel's finding."""
+    kills the context: every later call fails), counted into that kernel's finding.
+
+    `base_unfinished` says why the base's run did not finish (a timeout, a failed step script): an
+    error in a cell the base never reported on is then not said to be "never on the base". It still
+    blocks: nothing shows that the base has it too, and the candidate's run did show it."""
     out: list[Finding] = []
     fallout = 0
     for r in new:
@@ -475,8 +480,12 @@ def findings_for(tool: str, new: list[ErrorRecord], base_cells: dict[str, dict])
             continue
         where = f" ({r.where})" if r.where else ""
         msg = f"{r.kind} in kernel {r.kernel}{where}" if r.kernel else r.kind
-        msg += f", {r.count}x on the candidate, never on the base"
         base_cell = base_cells.get(r.cell) or {}
+        if base_unfinished and not base_cell and not (r.cell == STARTUP and base_cells):
+            msg += (f", {r.count}x on the candidate; the base was not checked there ({base_unfinished}), "
+                    "so whether it has it too is unknown")
+        else:
+            msg += f", {r.count}x on the candidate, never on the base"
         if base_cell and not base_cell.get("ok"):
             msg += f" (the base's step of this cell failed: {base_cell.get('error')})"
         f = catalogue.finding(f"sanitizer-{tool}", msg, severity=WARN if r.severity == "warning" else BLOCK)
@@ -501,7 +510,8 @@ def tool_result(tool: str, base: SideRun, cand: SideRun | None) -> tuple[dict, l
     entry.update(available=True, new=[r.to_dict() for r in new], pre_existing=[r.to_dict() for r in old])
     notes = [f"{r.side}: {r.reason}" for r in runs if r.reason]
     entry["reason"] = "; ".join(notes) or "ran on both sides"
-    found = findings_for(tool, new, {c["id"]: c for c in base.cells if "id" in c})
+    found = findings_for(tool, new, {c["id"]: c for c in base.cells if "id" in c},
+                         base_unfinished=None if base.status == "ok" else f"{base.status}: {base.reason}")
     entry["unchecked"] = [] if any(f.severity == BLOCK for f in found) else cand_only_failures(base, cand)
     return entry, found
 

@@ -254,6 +254,30 @@ def test_a_cell_that_faults_on_the_candidate_only_is_reported_not_fully_checked(
     assert "illegal memory access" in entry["unchecked"][0]
 
 
+def test_an_error_where_the_base_was_never_checked_blocks_without_saying_the_base_lacks_it():
+    # the base's plain warm-up timed out, so no tool ran on it: its (empty) records prove nothing
+    warm = {"log": "warm-base.log", "reason": "killed after 25s (--timeout)"}
+    base = sanitize_mod.not_run("memcheck", "base", warm)
+    cand = sanitize_mod.SideRun("cand", "memcheck", errors=3, cells=[{"id": FWD, "ok": True}],
+                                records=[sanitize_mod.ErrorRecord(FWD, "Invalid __global__ read", "fwd_kernel", count=3)])
+    entry, [f] = sanitize_mod.tool_result("memcheck", base, cand)
+    assert f.blocking and f.cell == FWD and "never on the base" not in f.message, f.message
+    assert "the base was not checked there (timeout: not run: the plain warm-up run was killed after 25s" in f.message
+    assert "whether it has it too is unknown" in f.message and "base: not run" in entry["reason"]
+    # a base that finished the cell still says so
+    base_ok = sanitize_mod.SideRun("base", "memcheck", errors=0, cells=[{"id": FWD, "ok": True}])
+    [f] = sanitize_mod.tool_result("memcheck", base_ok, cand)[1]
+    assert "3x on the candidate, never on the base" in f.message
+    # a base killed after its first cell: the cell it reported on is compared, the other is not
+    cut = sanitize_mod.SideRun("base", "memcheck", status="timeout", reason="killed after 240s (--timeout)",
+                               cells=[{"id": FWD, "ok": True}])
+    two = sanitize_mod.SideRun("cand", "memcheck", errors=2, cells=[{"id": FWD, "ok": True}, {"id": FWDBWD, "ok": True}],
+                               records=[sanitize_mod.ErrorRecord(FWD, "Invalid __global__ read", "k"),
+                                        sanitize_mod.ErrorRecord(FWDBWD, "Invalid __global__ read", "k")])
+    first, second = sanitize_mod.tool_result("memcheck", cut, two)[1]
+    assert "never on the base" in first.message and "not checked there (timeout: killed after 240s" in second.message
+
+
 def test_cuda_api_errors_after_a_kernel_fault_are_counted_into_its_finding():
     new = [sanitize_mod.ErrorRecord(FWD, "Invalid __global__ read (out of bounds)", "fwd_kernel", count=256),
            sanitize_mod.ErrorRecord(FWD, 'Program hit cudaErrorLaunchFailure on cudaGetLastError', None),
