@@ -121,6 +121,12 @@ CHEATS: dict[str, Plant] = {
                                        "vendor-compute"),
     "torch-compile-decorator": Plant([after(CHUNK, TOP, f"\n\n@torch.compile  {MARK}\ndef _fwd(q, k):\n    return q * k\n")],
                                      "vendor-compute"),
+    # CUTLASS's prebuilt GEMMs (the CUTLASS Python interface), not a CuTe DSL kernel of the op's own
+    "cutlass-prebuilt-gemm": Plant([after(CHUNK, TOP, "import cutlass\n"),
+                                    after(CHUNK, FWD, f"    plan = cutlass.op.Gemm(element=torch.float32)  {MARK}\n")],
+                                   "vendor-compute"),
+    "cutlass-cppgen-aliased": Plant([after(CHUNK, TOP, f"from cutlass_cppgen import op as _plans  {MARK}\n")],
+                                    "vendor-compute"),
     # cache-memo
     "data-ptr-key": Plant([after(CHUNK, API, f"    key = (q.data_ptr(), k.data_ptr(), v.data_ptr())  {MARK}\n")],
                           "cache-memo"),
@@ -223,6 +229,23 @@ CHEATS: dict[str, Plant] = {
                             where="pytest.ini"),
 }
 
+CUTE_DSL_KERNEL = """import cutlass
+import cutlass.cute as cute
+
+
+@cute.kernel
+def _scale_kernel(x: cute.Tensor, y: cute.Tensor, scale: cutlass.Float32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * 128 + tidx
+    y[i] = x[i] * scale
+
+
+@cute.jit
+def _scale(x: cute.Tensor, y: cute.Tensor, scale: cutlass.Float32):
+    _scale_kernel(x, y, scale).launch(grid=[cute.size(x) // 128, 1, 1], block=[128, 1, 1])
+"""
+
 HONEST: dict[str, list[tuple]] = {
     "block-size": [replace(CHUNK, "CHUNK_SIZE = 32\n", "CHUNK_SIZE = 64\n")],
     "num-warps": [replace(CHUNK, "    return 8 if BK * BV >= 128 * 128 else 4\n",
@@ -250,6 +273,8 @@ HONEST: dict[str, list[tuple]] = {
     "input-checks": [after(CHUNK, API, "    assert q.shape[-1] <= 256\n    if max_len == 0:\n"
                                        "        raise ValueError('empty')\n    if q.shape[1] == 64:\n"
                                        "        raise NotImplementedError\n")],
+    # a kernel of the op's own in the CuTe DSL (`cutlass.cute`), beside the Triton ones
+    "cute-dsl-kernel": [after(CHUNK, TOP, CUTE_DSL_KERNEL)],
     "lru-cache-on-ints-and-helper": [replace(CHUNK, "def _num_warps(BK: int, BV: int) -> int:",
                                              "@functools.lru_cache(maxsize=None)\ndef _num_warps(BK: int, BV: int) -> int:"),
                                      replace(CHUNK, "import torch\n", "import functools\n\nimport torch\n"),
@@ -380,6 +405,40 @@ def test_honest_optimization_gets_no_finding(arepo, name):
         r = run_audit(arepo)
         assert r.files, "the edit did not change anything"
     assert not r.blocked and r.findings == [], show(r)
+
+
+def test_kernels_of_every_language_fla_ships_count_as_the_ops_own():
+    """vendor-compute watches an op that had kernels of its own at the base: Triton, Gluon, the CuTe
+    DSL or TileLang, each known by its decorators through the file's imports and aliases."""
+    from flaloop.guard.rules.delegation import kernel_languages
+    from flaloop.guard.source import Source
+
+    tilelang = ("import tilelang\nimport tilelang.language as T\n\n\n@tilelang.jit(out_idx=[-1])\n"
+                "def attn(M, N):\n    @T.prim_func\n    def main(A: T.Tensor((M, N), 'float16')):\n        pass\n"
+                "    return main\n")
+    gluon = ("from triton.experimental import gluon\nfrom triton.experimental.gluon import language as gl\n\n\n"
+             "@gluon.jit\ndef k(x):\n    pass\n")
+    assert kernel_languages(Source("a.py", CUTE_DSL_KERNEL)) == {"CuTe DSL"}
+    assert kernel_languages(Source("b.py", tilelang)) == {"TileLang"}
+    assert kernel_languages(Source("c.py", gluon)) == {"Gluon"}
+    assert kernel_languages(Source("d.py", "import cutlass\n\n\ndef plan():\n    return cutlass.op.Gemm()\n")) == set()
+
+
+def test_a_cute_dsl_kernel_is_the_ops_own_in_the_census_and_a_librarys_is_not():
+    """The probes' kernel census: CuTe DSL names its kernels `kernel_cutlass_kernel_<module><name>`,
+    whatever the name says ("Gemm"); only a CuTe DSL library's module path makes one a library's."""
+    from flaloop.bench.worker.probes import library_kernel
+
+    own = ["kernel_cutlass_kernel___main__DenseGemmKernel_object_at__TiledMMA_0",
+           "kernel_cutlass_kernel_flaopsattnrescute_fwdAttnResFwd_object_at__tensorptrbf16_0",
+           "kernel_cutlass_kernel_no_smem_0", "chunk_linear_attn_fwd_kernel"]
+    library = ["kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__0",
+               "kernel_cutlass_kernel_flashinfernormkernelsfused_add_rmsnormFusedAddRMSNormKernel_object_a",
+               "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel",
+               "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>(Params)",
+               "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3"]
+    assert [n for n in own if library_kernel(n)] == []
+    assert [n for n in library if not library_kernel(n)] == []
 
 
 # -- what counts as added -------------------------------------------------------------------------

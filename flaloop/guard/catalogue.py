@@ -40,7 +40,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          "an op that hands (some) inputs to the very reference the test compares against passes the "
          "gate by construction and is timed on a different code path than the one claimed.",
          "keep every shape on the op's own kernels; a slow path must be the op's own, and measured"),
-    Rule("vendor-compute", BLOCK, "compute delegated to a library GEMM/attention where the base had Triton kernels",
+    Rule("vendor-compute", BLOCK, "compute delegated to a library GEMM/attention where the base had kernels of its own",
          "swapping the kernel for torch.matmul / einsum / SDPA / cuBLAS benchmarks someone else's "
          "library, not an improvement of this op (and usually changes precision too).",
          "optimize the op's own kernels; if a library call really is the better design, say so "

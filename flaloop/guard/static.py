@@ -28,7 +28,7 @@ from flaloop import git
 from flaloop.guard.catalogue import finding
 from flaloop.guard.findings import Finding
 from flaloop.guard.rules import FileContext, Hit, run_checks
-from flaloop.guard.rules.delegation import has_triton_kernels
+from flaloop.guard.rules.delegation import has_own_kernels
 from flaloop.guard.rules.files import file_findings
 from flaloop.guard.source import Source, changed_lines, module_name
 
@@ -182,19 +182,19 @@ class _Scope:
     shape_literals: frozenset[int]
     tensor_names: frozenset[str]
     resolver: Resolver
-    _op_triton: bool | None = None
+    _op_kernels: bool | None = None
     _package_files: list[str] | None = None
 
-    def op_had_triton(self) -> bool:
-        """Whether the op's directory had Triton kernels at the base."""
-        if self._op_triton is None:
-            self._op_triton = False
+    def op_had_kernels(self) -> bool:
+        """Whether the op's directory had kernels of its own at the base (in any language the guard knows)."""
+        if self._op_kernels is None:
+            self._op_kernels = False
             for rel in git.files_at(self.root, self.base_commit, self.op_dir or "."):
                 if rel.endswith(".py") and (blob := git.file_at(self.root, self.base_commit, rel)):
-                    if has_triton_kernels(Source(rel, blob.decode(errors="replace"))):
-                        self._op_triton = True
+                    if has_own_kernels(Source(rel, blob.decode(errors="replace"))):
+                        self._op_kernels = True
                         break
-        return self._op_triton
+        return self._op_kernels
 
     def role(self, path: str) -> str | None:
         """"op" for code the op runs, "bench" for code only the bench worker imports, None for neither.
@@ -223,8 +223,8 @@ class _Scope:
     def context(self, path: str, op_code: bool, base: Source | None) -> FileContext:
         return FileContext(
             path=path, op_code=op_code,
-            triton_base=(base is not None and base.tree is not None and has_triton_kernels(base))
-            or self.op_had_triton(),
+            kernel_base=(base is not None and base.tree is not None and has_own_kernels(base))
+            or self.op_had_kernels(),
             shape_literals=self.shape_literals, tensor_names=self.tensor_names, package=self.package,
             resolve=self.resolver.resolve, frozen=self.frozen,
             references=self.references())

@@ -48,6 +48,19 @@ LIBRARY_OPS = {
     'aten::_flash_attention_forward', 'aten::_efficient_attention_forward',
 }
 LIBRARY_KERNEL = re.compile(r'gemm|cutlass|cublas|xmma|gemv|flash_fwd|flash_bwd|fmha|cudnn', re.I)
+# A kernel compiled from the CuTe DSL is named `kernel_cutlass_kernel_` + its Python module's path
+# without dots + its function or class (`kernel_cutlass_kernel_flashinfernormkernels...`). Such a
+# kernel is the op's own unless that path is a library of CuTe DSL kernels (FlashAttention's
+# `flash_attn.cute`, FlashInfer, QuACK); its own name ("...GemmKernel") says nothing.
+CUTE_DSL_KERNEL = 'kernel_cutlass_kernel_'
+CUTE_DSL_LIBRARY = re.compile(r'(_+main_+)?(flash_attncute|flashinfer|quack)', re.I)
+
+
+def library_kernel(name: str) -> bool:
+    """Whether a GPU kernel's name is a library's (cuBLAS, CUTLASS's prebuilt GEMMs, cuDNN, ...)."""
+    if name.startswith(CUTE_DSL_KERNEL):
+        return bool(CUTE_DSL_LIBRARY.match(name[len(CUTE_DSL_KERNEL):]))
+    return bool(LIBRARY_KERNEL.search(name))
 
 
 def _flags() -> dict:
@@ -267,7 +280,7 @@ def census(cell) -> dict:
                 streams.add(stream)
         elif cat == 'cpu_op' and name in LIBRARY_OPS:
             ops[name] = ops.get(name, 0) + 1
-    library_kernels = {k: n for k, n in kernels.items() if LIBRARY_KERNEL.search(k)}
+    library_kernels = {k: n for k, n in kernels.items() if library_kernel(k)}
     own_kernels = sum(n for k, n in kernels.items() if k not in library_kernels)
     return {'triton_launches': launches, 'library_ops': ops, 'kernels': kernels, 'library_kernels': library_kernels,
             'own_gpu_kernels': own_kernels, 'n_streams': len(streams)}

@@ -41,7 +41,8 @@ class FileContext:
     """What a check may know beyond the file itself."""
     path: str
     op_code: bool = True             # part of the op's package or of what the op imports
-    triton_base: bool = False        # the op (this file or its entry file) had Triton kernels at the base
+    kernel_base: bool = False        # the op (this file or its op directory) had kernels of its own at the base
+                                     # (Triton, Gluon, CuTe DSL or TileLang: delegation.KERNEL_DECORATORS)
     shape_literals: frozenset[int] = frozenset()
     tensor_names: frozenset[str] = frozenset()
     package: str = ""

@@ -17,10 +17,20 @@ VENDOR_CALLS = frozenset({
     "torch._scaled_mm", "torch._int_mm", "torch.nn.Linear", "torch.Tensor.matmul", "einops.einsum",
     "opt_einsum.contract", "torch.nn.attention.flex_attention.flex_attention", "torch.compile",
 })
-VENDOR_PREFIXES = ("torch.linalg.", "torch.ops.aten.", "torch._C._nn.", "flash_attn", "xformers", "cutlass")
+# Libraries of ready-made kernels. `cutlass` alone is not one: since CUTLASS 4 it is the CuTe DSL, a
+# language the op's own kernels are written in (`cutlass.cute`); its prebuilt GEMMs are reached
+# through the older CUTLASS Python interface (`cutlass.op`, `cutlass.emit`, now `cutlass_cppgen`).
+VENDOR_LIBRARIES = ("flash_attn", "xformers", "flashinfer", "quack", "cutlass.op", "cutlass.emit", "cutlass_cppgen",
+                    "cutlass_library")
+VENDOR_PREFIXES = ("torch.linalg.", "torch.ops.aten.", "torch._C._nn.", *(f"{lib}." for lib in VENDOR_LIBRARIES))
 VENDOR_METHODS = frozenset({"matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "mv", "__matmul__", "__rmatmul__"})
-TRITON_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "triton.language.jit",
-                     "triton.experimental.gluon.jit", "triton.experimental.gluon.language.jit")
+# The decorators that make a function a kernel the op compiles itself, per language FLA ships.
+KERNEL_DECORATORS = {
+    "Triton": ("triton.jit", "triton.autotune", "triton.heuristics", "triton.language.jit"),
+    "Gluon": ("triton.experimental.gluon.jit", "triton.experimental.gluon.language.jit"),
+    "CuTe DSL": ("cutlass.cute.kernel", "cutlass.cute.jit"),
+    "TileLang": ("tilelang.jit", "tilelang.lazy_jit", "tilelang.language.prim_func"),
+}
 
 
 def _testy(dotted: str) -> bool:
@@ -73,19 +83,28 @@ def _reference_file(dotted: str, ctx: FileContext) -> str | None:
     return None
 
 
-def has_triton_kernels(src: Source) -> bool:
+def _within(dotted: str, names: tuple[str, ...]) -> bool:
+    return any(dotted == n or dotted.startswith(n + ".") for n in names)
+
+
+def kernel_languages(src: Source) -> set[str]:
+    """The languages of KERNEL_DECORATORS that this file defines kernels in."""
+    found = set()
     for node in src.walk():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in node.decorator_list:
                 dotted = src.qualify(d.func if isinstance(d, ast.Call) else d) or ""
-                if dotted.startswith(TRITON_DECORATORS):
-                    return True
-    return False
+                found.update(lang for lang, decorators in KERNEL_DECORATORS.items() if _within(dotted, decorators))
+    return found
+
+
+def has_own_kernels(src: Source) -> bool:
+    return bool(kernel_languages(src))
 
 
 def check_vendor(src: Source, ctx: FileContext) -> Iterator[Hit]:
     rule = "vendor-compute"
-    if not (ctx.op_code and ctx.triton_base):
+    if not (ctx.op_code and ctx.kernel_base):
         return
     for node in src.walk():
         if isinstance(node, ast.Call):
@@ -104,7 +123,7 @@ def check_vendor(src: Source, ctx: FileContext) -> Iterator[Hit]:
                     yield Hit(rule, f"call:{src.qualify(d)}", d, f"@{src.snippet(d)} on {node.name}()")
     for node, mod, name in src.imported_modules():
         full = f"{mod}.{name}" if name else mod
-        if full.startswith(("flash_attn", "xformers", "cutlass")):
+        if _within(full, VENDOR_LIBRARIES):
             yield Hit(rule, f"import:{full}", node, f"`{src.snippet(node)}` imports a vendor kernel library")
 
 
