@@ -125,6 +125,9 @@ CHEATS: dict[str, Plant] = {
     "cutlass-prebuilt-gemm": Plant([after(CHUNK, TOP, "import cutlass\n"),
                                     after(CHUNK, FWD, f"    plan = cutlass.op.Gemm(element=torch.float32)  {MARK}\n")],
                                    "vendor-compute"),
+    "flash-attn-3-interface": Plant([after(CHUNK, TOP, "import flash_attn_interface as _fa3\n"),
+                                     after(CHUNK, API, f"    return _fa3.flash_attn_func(q, k, v, causal=True)  {MARK}\n")],
+                                    "vendor-compute"),
     "cutlass-cppgen-aliased": Plant([after(CHUNK, TOP, f"from cutlass_cppgen import op as _plans  {MARK}\n")],
                                     "vendor-compute"),
     # cache-memo

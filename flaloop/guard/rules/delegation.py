@@ -20,9 +20,11 @@ VENDOR_CALLS = frozenset({
 # Libraries of ready-made kernels. `cutlass` alone is not one: since CUTLASS 4 it is the CuTe DSL, a
 # language the op's own kernels are written in (`cutlass.cute`); its prebuilt GEMMs are reached
 # through the older CUTLASS Python interface (`cutlass.op`, `cutlass.emit`, now `cutlass_cppgen`).
-VENDOR_LIBRARIES = ("flash_attn", "xformers", "flashinfer", "quack", "cutlass.op", "cutlass.emit", "cutlass_cppgen",
-                    "cutlass_library")
-VENDOR_PREFIXES = ("torch.linalg.", "torch.ops.aten.", "torch._C._nn.", *(f"{lib}." for lib in VENDOR_LIBRARIES))
+# Matched as whole module names, except the first: any module whose name starts with it
+# (FlashAttention 3 is `flash_attn_interface`, xformers' kernels `xformers.ops`).
+VENDOR_NAME_STARTS = ("flash_attn", "xformers")
+VENDOR_LIBRARIES = ("flashinfer", "quack", "cutlass.op", "cutlass.emit", "cutlass_cppgen", "cutlass_library")
+VENDOR_PREFIXES = ("torch.linalg.", "torch.ops.aten.", "torch._C._nn.")
 VENDOR_METHODS = frozenset({"matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "mv", "__matmul__", "__rmatmul__"})
 # The decorators that make a function a kernel the op compiles itself, per language FLA ships.
 KERNEL_DECORATORS = {
@@ -102,6 +104,11 @@ def has_own_kernels(src: Source) -> bool:
     return bool(kernel_languages(src))
 
 
+def vendor_library(dotted: str) -> bool:
+    """Whether a module or a name in one is a library of ready-made kernels."""
+    return dotted.startswith(VENDOR_NAME_STARTS) or _within(dotted, VENDOR_LIBRARIES)
+
+
 def check_vendor(src: Source, ctx: FileContext) -> Iterator[Hit]:
     rule = "vendor-compute"
     if not (ctx.op_code and ctx.kernel_base):
@@ -109,7 +116,8 @@ def check_vendor(src: Source, ctx: FileContext) -> Iterator[Hit]:
     for node in src.walk():
         if isinstance(node, ast.Call):
             dotted = src.call_name(node) or ""
-            if dotted in VENDOR_CALLS or dotted.startswith(VENDOR_PREFIXES) or "cublas" in dotted.lower():
+            if dotted in VENDOR_CALLS or dotted.startswith(VENDOR_PREFIXES) or vendor_library(dotted) \
+                    or "cublas" in dotted.lower():
                 yield Hit(rule, f"call:{dotted}", node, f"`{src.snippet(node)}` computes with {dotted}")
             elif not dotted and method_name(node.func) in VENDOR_METHODS:
                 yield Hit(rule, f"method:{method_name(node.func)}", node,
@@ -123,7 +131,7 @@ def check_vendor(src: Source, ctx: FileContext) -> Iterator[Hit]:
                     yield Hit(rule, f"call:{src.qualify(d)}", d, f"@{src.snippet(d)} on {node.name}()")
     for node, mod, name in src.imported_modules():
         full = f"{mod}.{name}" if name else mod
-        if _within(full, VENDOR_LIBRARIES):
+        if vendor_library(full):
             yield Hit(rule, f"import:{full}", node, f"`{src.snippet(node)}` imports a vendor kernel library")
 
 
