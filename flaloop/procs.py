@@ -183,7 +183,10 @@ class CappedLog:
     `tail` bytes (appended when the log is closed, after a line saying how much was dropped).
 
     Pass `fd` as the child's stdout/stderr, call `started()` once the child runs (the parent's copy
-    of the write end must close, or the log never sees EOF), and `close()` when done.
+    of the write end must close, or the log never sees EOF), and `close()` when done (again is a
+    no-op). The read end belongs to the pump thread, which closes it at EOF: closed from another
+    thread, its number could be reused by a file opened meanwhile, and the pump, or a second close,
+    would then read or close that file.
     """
 
     def __init__(self, path: Path, head: int = 8 << 20, tail: int = 1 << 20, header: str = ""):
@@ -196,6 +199,7 @@ class CappedLog:
         self._dropped = 0
         self._ring = bytearray()
         self._lock = threading.Lock()
+        self._closed = False
         self._read, self.fd = os.pipe()
         self._thread = threading.Thread(target=self._pump, daemon=True, name=f"log-{path.name}")
         self._thread.start()
@@ -210,22 +214,33 @@ class CappedLog:
             self.fd = -1
 
     def _pump(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self._read, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            with self._lock:
-                room = max(0, self.head_cap - self._written)
-                if room:
-                    self._file.write(chunk[:room])
-                    self._file.flush()
-                    self._written += min(room, len(chunk))
-                self._dropped += max(0, len(chunk) - room)
-                self._ring += chunk
-                del self._ring[:-self.tail_cap]
+        try:
+            while True:
+                try:
+                    chunk = os.read(self._read, 65536)
+                except OSError:
+                    break
+                if not chunk or not self._keep(chunk):
+                    break
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._read)
+
+    def _keep(self, chunk: bytes) -> bool:
+        """Keep what the child wrote; False once the log is closed (what a grandchild writes after
+        that is not kept)."""
+        with self._lock:
+            if self._file.closed:
+                return False
+            room = max(0, self.head_cap - self._written)
+            if room:
+                self._file.write(chunk[:room])
+                self._file.flush()
+                self._written += min(room, len(chunk))
+            self._dropped += max(0, len(chunk) - room)
+            self._ring += chunk
+            del self._ring[:-self.tail_cap]
+            return True
 
     def drain(self, timeout: float = 2.0) -> None:
         """Wait (briefly) until everything the child wrote has been read: call after it exited."""
@@ -236,10 +251,12 @@ class CappedLog:
             return bytes(self._ring[-n:]).decode(errors="replace")
 
     def close(self, timeout: float = 2.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.started()
-        self._thread.join(timeout)  # a grandchild may still hold the pipe: don't wait for it
-        with contextlib.suppress(OSError):
-            os.close(self._read)
+        # a grandchild may still hold the pipe: don't wait for it (the pump then ends, and closes
+        # the read end, when that grandchild exits)
         self._thread.join(timeout)
         with self._lock:
             if self._dropped and not self._file.closed:

@@ -230,6 +230,37 @@ def test_a_chatty_child_cannot_grow_its_log_past_the_cap(tmp_path):
     assert len(text) < 100_000 + 10_000 + 200  # of ~960 kB written
 
 
+def test_a_log_closed_twice_or_written_after_closing_touches_no_other_file(tmp_path):
+    """CI once read `OSError: [Errno 9] Bad file descriptor` in a worker log's pump thread: a log
+    closed twice closed its pipe's number twice, by then another file's. Closing again is a no-op,
+    the read end is the pump's to close, and what a grandchild writes after the close is dropped."""
+    import threading
+
+    from flaloop import procs
+
+    errors: list = []
+    threading.excepthook = lambda args: errors.append(args.exc_value)
+    try:
+        log = procs.CappedLog(tmp_path / "a.stderr")
+        late = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stderr.write('early\\n')\n"
+                                 "sys.stderr.flush(); time.sleep(1.5); sys.stderr.write('late\\n')"], stderr=log)
+        log.started()
+        log.close(timeout=0.3)  # the child still holds the pipe
+        other = open(tmp_path / "other.txt", "wb")  # noqa: SIM115 - may take the number a stray close would hit
+        log.close()
+        other.write(b"kept")
+        other.flush()
+        other.close()
+        late.wait(timeout=30)
+        log.drain(5.0)
+        assert not log._thread.is_alive()
+    finally:
+        threading.excepthook = threading.__excepthook__
+    assert errors == []
+    assert (tmp_path / "other.txt").read_bytes() == b"kept"
+    assert (tmp_path / "a.stderr").read_text() == "early\n"
+
+
 def test_the_suites_state_check_notices_lost_work_and_accepts_a_committed_attempt(tmp_path):
     from conftest import assert_user_state_kept, commit_all, user_state
 
