@@ -23,6 +23,7 @@ from conftest import OP, flaloop, git, make_repo
 from rich.console import Console
 
 from flaloop import git as git_mod
+from flaloop import procs, sanitizer_log, sanitizer_run
 from flaloop import sanitize as sanitize_mod
 from flaloop.bench import record as record_mod
 from flaloop.bench.model import BenchConfig, Cell, CellResult
@@ -198,13 +199,13 @@ def test_the_document_records_both_sides_every_cell_and_what_each_cost(planted):
     mem = doc["tools"]["memcheck"]
     for side in ("base", "cand"):
         run = mem["sides"][side]
-        assert run["status"] == "ok" and run["device"] == "cpu" and run["exit_code"] == sanitize_mod.ERROR_EXIT
+        assert run["status"] == "ok" and run["device"] == "cpu" and run["exit_code"] == sanitizer_run.ERROR_EXIT
         assert [c["id"] for c in run["cells"]] == [FWD, FWDBWD] and all(c["ok"] for c in run["cells"])
         assert Path(run["log"]).is_file() and "flaloop-cell " + FWD in Path(run["log"]).read_text()
         assert doc["cost"]["per_tool_s"]["memcheck"][side] > 0
         assert doc["cost"]["per_cell_s"][FWDBWD]["memcheck"][side] > 0
         # the stand-in lists --padding in its --help: memcheck runs with a guard after every allocation
-        assert run["flags"] == ["--padding", str(sanitize_mod.MEMCHECK_PADDING)]
+        assert run["flags"] == ["--padding", str(sanitizer_run.MEMCHECK_PADDING)]
     base_log = mem["sides"]["base"]["log"]
     assert "/base" in json.loads(Path(base_log).with_suffix(".json").read_text())["hello"]["op_module_file"]
     # before any tool, each side ran the step once plainly (its compiling and tuning at full speed)
@@ -246,8 +247,8 @@ def test_a_cell_that_faults_on_the_candidate_only_is_reported_not_fully_checked(
     ok = [{"id": FWD, "ok": True}, {"id": FWDBWD, "ok": True}]
     dead = [{"id": FWD, "ok": False, "error": "AcceleratorError: CUDA error: an illegal memory access was encountered"},
             {"id": FWDBWD, "ok": False, "error": "AcceleratorError: CUDA error: an illegal memory access was encountered"}]
-    base = sanitize_mod.SideRun("base", "racecheck", errors=0, cells=ok)
-    cand = sanitize_mod.SideRun("cand", "racecheck", errors=0, cells=dead)
+    base = sanitizer_run.SideRun("base", "racecheck", errors=0, cells=ok)
+    cand = sanitizer_run.SideRun("cand", "racecheck", errors=0, cells=dead)
     entry, found = sanitize_mod.tool_result("racecheck", base, cand)
     assert found == [] and entry["available"] is True
     assert [u.split(" failed")[0] for u in entry["unchecked"]] == [FWD, FWDBWD]
@@ -257,31 +258,31 @@ def test_a_cell_that_faults_on_the_candidate_only_is_reported_not_fully_checked(
 def test_an_error_where_the_base_was_never_checked_blocks_without_saying_the_base_lacks_it():
     # the base's plain warm-up timed out, so no tool ran on it: its (empty) records prove nothing
     warm = {"log": "warm-base.log", "reason": "killed after 25s (--timeout)"}
-    base = sanitize_mod.not_run("memcheck", "base", warm)
-    cand = sanitize_mod.SideRun("cand", "memcheck", errors=3, cells=[{"id": FWD, "ok": True}],
-                                records=[sanitize_mod.ErrorRecord(FWD, "Invalid __global__ read", "fwd_kernel", count=3)])
+    base = sanitizer_run.not_run("memcheck", "base", warm)
+    cand = sanitizer_run.SideRun("cand", "memcheck", errors=3, cells=[{"id": FWD, "ok": True}],
+                                records=[sanitizer_log.ErrorRecord(FWD, "Invalid __global__ read", "fwd_kernel", count=3)])
     entry, [f] = sanitize_mod.tool_result("memcheck", base, cand)
     assert f.blocking and f.cell == FWD and "never on the base" not in f.message, f.message
     assert "the base was not checked there (timeout: not run: the plain warm-up run was killed after 25s" in f.message
     assert "whether it has it too is unknown" in f.message and "base: not run" in entry["reason"]
     # a base that finished the cell still says so
-    base_ok = sanitize_mod.SideRun("base", "memcheck", errors=0, cells=[{"id": FWD, "ok": True}])
+    base_ok = sanitizer_run.SideRun("base", "memcheck", errors=0, cells=[{"id": FWD, "ok": True}])
     [f] = sanitize_mod.tool_result("memcheck", base_ok, cand)[1]
     assert "3x on the candidate, never on the base" in f.message
     # a base killed after its first cell: the cell it reported on is compared, the other is not
-    cut = sanitize_mod.SideRun("base", "memcheck", status="timeout", reason="killed after 240s (--timeout)",
+    cut = sanitizer_run.SideRun("base", "memcheck", status="timeout", reason="killed after 240s (--timeout)",
                                cells=[{"id": FWD, "ok": True}])
-    two = sanitize_mod.SideRun("cand", "memcheck", errors=2, cells=[{"id": FWD, "ok": True}, {"id": FWDBWD, "ok": True}],
-                               records=[sanitize_mod.ErrorRecord(FWD, "Invalid __global__ read", "k"),
-                                        sanitize_mod.ErrorRecord(FWDBWD, "Invalid __global__ read", "k")])
+    two = sanitizer_run.SideRun("cand", "memcheck", errors=2, cells=[{"id": FWD, "ok": True}, {"id": FWDBWD, "ok": True}],
+                               records=[sanitizer_log.ErrorRecord(FWD, "Invalid __global__ read", "k"),
+                                        sanitizer_log.ErrorRecord(FWDBWD, "Invalid __global__ read", "k")])
     first, second = sanitize_mod.tool_result("memcheck", cut, two)[1]
     assert "never on the base" in first.message and "not checked there (timeout: killed after 240s" in second.message
 
 
 def test_cuda_api_errors_after_a_kernel_fault_are_counted_into_its_finding():
-    new = [sanitize_mod.ErrorRecord(FWD, "Invalid __global__ read (out of bounds)", "fwd_kernel", count=256),
-           sanitize_mod.ErrorRecord(FWD, 'Program hit cudaErrorLaunchFailure on cudaGetLastError', None),
-           sanitize_mod.ErrorRecord(FWDBWD, 'Program hit cudaErrorLaunchFailure on cudaStreamIsCapturing', None)]
+    new = [sanitizer_log.ErrorRecord(FWD, "Invalid __global__ read (out of bounds)", "fwd_kernel", count=256),
+           sanitizer_log.ErrorRecord(FWD, 'Program hit cudaErrorLaunchFailure on cudaGetLastError', None),
+           sanitizer_log.ErrorRecord(FWDBWD, 'Program hit cudaErrorLaunchFailure on cudaStreamIsCapturing', None)]
     [f] = sanitize_mod.findings_for("memcheck", new, {})
     assert f.cell == FWD and "fwd_kernel" in f.message and "then 2 failed CUDA API call(s)" in f.message
     [api] = sanitize_mod.findings_for("memcheck", new[1:2], {})  # on its own, an API error is a finding
@@ -290,7 +291,7 @@ def test_cuda_api_errors_after_a_kernel_fault_are_counted_into_its_finding():
 
 def test_a_cpu_run_of_the_real_tool_is_zero_errors_not_a_refusal():
     # compute-sanitizer 2025.3 on a program that makes no CUDA call (exit 255, no summary)
-    log = sanitize_mod.parse_log("========= COMPUTE-SANITIZER\nflaloop-cell X/fwd\n"
+    log = sanitizer_log.parse_log("========= COMPUTE-SANITIZER\nflaloop-cell X/fwd\n"
                                  "========= Error: Target application terminated before first instrumented API call\n")
     assert log.no_cuda and log.problem is None and log.records == []
 
@@ -314,7 +315,7 @@ flaloop-cell X/fwdbwd
 ========= ERROR SUMMARY: 16 errors
 ========= ERROR SUMMARY: 14 errors were not printed. Use --print-limit option to adjust the number of printed errors
 """
-    log = sanitize_mod.parse_log(text)
+    log = sanitizer_log.parse_log(text)
     race, barrier = log.records
     assert (race.cell, race.kernel, race.kind) == ("X/fwd", "race_kernel",
                                                    "Race reported between Write access and Read / Write access")
@@ -329,17 +330,17 @@ def test_memcheck_pads_allocations_only_where_the_installed_tool_lists_the_optio
         exe = tmp_path / name
         exe.write_text(f"#!/bin/sh\nprintf '%s\\n' '{text}'\n")
         exe.chmod(0o755)
-        got = sanitize_mod.tool_flags(str(exe), "memcheck")
-        assert got == (["--padding", str(sanitize_mod.MEMCHECK_PADDING)] if want else []), (name, got)
-        assert sanitize_mod.tool_flags(str(exe), "initcheck") == []
-    assert sanitize_mod.tool_flags(str(tmp_path / "missing"), "memcheck") == []
+        got = sanitizer_run.tool_flags(str(exe), "memcheck")
+        assert got == (["--padding", str(sanitizer_run.MEMCHECK_PADDING)] if want else []), (name, got)
+        assert sanitizer_run.tool_flags(str(exe), "initcheck") == []
+    assert sanitizer_run.tool_flags(str(tmp_path / "missing"), "memcheck") == []
 
 
 def test_attach_blocks_the_named_cell_of_a_run_record():
     cells = [CellResult(Cell(SHAPE, {}, m), status="ok", verdict="FASTER") for m in ("fwd", "fwdbwd")]
     record = RunRecord(op=OP, created="now", base=TreeRef("a" * 40), candidate=TreeRef("b" * 40),
                        config=BenchConfig(), cells=cells)
-    f = sanitize_mod.findings_for("memcheck", [sanitize_mod.ErrorRecord(FWDBWD, "Invalid __global__ read", "k")], {})
+    f = sanitize_mod.findings_for("memcheck", [sanitizer_log.ErrorRecord(FWDBWD, "Invalid __global__ read", "k")], {})
     assert sanitize_mod.attach(record, {"findings": [x.to_dict() for x in f]}) is True
     assert [c.verdict for c in record.cells] == ["FASTER", "BLOCKED"]
     assert "sanitizer-memcheck" in record.cells[1].reason and record.guard.blocked
@@ -380,9 +381,9 @@ def _interrupt_when(proc, started, ready, limit: float) -> tuple[str, str]:
 def _outliving(pids: list[int]) -> list[int]:
     """Those of `pids` still running after up to 10 s."""
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(sanitize_mod.procs.running(p) for p in pids):
+    while time.monotonic() < deadline and any(procs.running(p) for p in pids):
         time.sleep(0.2)
-    return [p for p in pids if sanitize_mod.procs.running(p)]
+    return [p for p in pids if procs.running(p)]
 
 
 # appended to minifla's chunk.py: the module hangs at import when `when` holds, saying its pid first
@@ -481,7 +482,7 @@ def test_a_side_that_hangs_with_no_tool_is_not_run_under_one_and_an_interrupt_in
         assert any(line.startswith(f"{tool}/cand: not run") for line in r.json["failed"])
     starts = [row for row in _stamps(stamps) if row[0] == "start"]
     assert sorted(tool for _, tool, _, _ in starts) == ["initcheck", "memcheck"], starts  # the base sides only
-    assert not [p for p in map(int, hangs.read_text().split()) if sanitize_mod.procs.running(p)]
+    assert not [p for p in map(int, hangs.read_text().split()) if procs.running(p)]
     assert len(git(repo, "worktree", "list").splitlines()) == 1
 
     hangs.unlink()
