@@ -32,7 +32,11 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
             a shared-memory race in PTX and in Gluon), each with its tool, then the gate on each;
             FLALOOP_PLANTS=smem-race-ptx,... picks a subset
   survey    every op of the registry: init and bench --aa --quick on one shape, fwd and fwdbwd, one
-            row each (measured, or refused with flaloop's reason); FLALOOP_SURVEY_OPS picks a subset
+            row each (measured, or refused with flaloop's reason); FLALOOP_SURVEY_OPS picks a subset,
+            FLALOOP_SURVEY_LANES=N runs N ops at once, then each again alone while the deadline allows
+  gluon     fused_attnres on FLA's Gluon backend: init, baseline, an honest change to the Gluon kernel,
+            report; then the same tree Triton against Gluon (--cand-env FLA_ATTNRES_GLUON=1)
+  tilelang  parallel_attn on FLA's TileLang backend the same way (tilelang staged as wheels first)
   evidence  a varlen loop (baseline, an honest iteration, explain, `flaloop sanitize` on the kept change,
             the profile-backed stop --go, report)
 
@@ -57,6 +61,7 @@ from harness import (  # benchmarks/ is the script's directory, first on sys.pat
     say,
     write,
 )
+from suites_backends import suite_gluon, suite_tilelang
 from suites_explain import suite_evidence, suite_plants, suite_reach
 from suites_integrity import suite_integrity, suite_l2
 from suites_measure import (
@@ -83,7 +88,8 @@ from suites_tools import (
 SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "aa": suite_aa_slowdown, "slowdown": suite_slowdown,
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
-          "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2}
+          "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
+          "gluon": suite_gluon, "tilelang": suite_tilelang}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -124,6 +130,11 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # then the A/A of hot and cold cells (`--l2 both`)
          "h200-integrity": [[["machine", "integrity", "l2"]]],
          "h200-l2": [[["machine", "l2"]]],
+         # issue 24: FLA's Gluon backend of fused_attnres through the loop, then Triton against Gluon
+         "h200-gluon": [[["machine", "gluon"]]],
+         # issue 24: FLA's TileLang backend of parallel_attn the same way; its wheels staged first
+         # (benchmarks/stage_wheels.sh says how: two transfers to the same warm machine)
+         "h200-tilelang": [[["machine", "tilelang"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

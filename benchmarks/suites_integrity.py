@@ -50,20 +50,25 @@ def suite_integrity(ctx: Ctx) -> None:
     d = ctx.out / "integrity"
     lines: list[str] = []
 
-    # the guard's cost on an A/A of the contract's cells (warms the caches for what follows)
-    code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json", *PAIRS], d / "aa", env=env)
-    rec = record_of(doc) or {}
-    inner = rec.get("wall_s") or wall
-    probe = (rec.get("guard") or {}).get("probe_seconds") or 0.0
-    unseen = (rec.get("unseen") or {}).get("seconds") or 0.0
-    checks = [side.get("seconds") or 0.0 for c in rec.get("cells") or []
-              for r in (c.get("probes") or {}).get("self_check") or [] for side in (r.get("base") or {}, r.get("cand") or {})]
-    share = 100 * (probe + unseen) / max(inner, 1e-9)
-    lines.append(f"A/A: exit {code} in {wall:.1f}s (bench {inner}s): probes and self-check {probe:.1f}s "
-                 f"(self-check {sum(checks):.2f}s over {len(checks)} readings), unseen shapes {unseen:.1f}s: "
-                 f"{share:.1f}% of the bench; contention {(rec.get('env') or {}).get('contention')}")
-    lines += cells_line(rec)
-    goal("guard cost", share <= 20, f"{share:.1f}% of the bench's wall time (goal <= 20%)")
+    # the guard's cost on an A/A of the contract's cells: first on an empty Triton cache (what a
+    # baseline pays once: the unseen shapes' kernels compile and autotune), then warm (what each
+    # later bench pays); the goal is on the warm one
+    share = {}
+    for state in ("cold", "warm"):
+        code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json", *PAIRS], d / f"aa-{state}", env=env)
+        rec = record_of(doc) or {}
+        inner = rec.get("wall_s") or wall
+        probe = (rec.get("guard") or {}).get("probe_seconds") or 0.0
+        unseen = (rec.get("unseen") or {}).get("seconds") or 0.0
+        checks = [side.get("seconds") or 0.0 for c in rec.get("cells") or []
+                  for r in (c.get("probes") or {}).get("self_check") or [] for side in (r.get("base") or {}, r.get("cand") or {})]
+        share[state] = 100 * (probe + unseen) / max(inner, 1e-9)
+        lines.append(f"A/A, {state} cache: exit {code} in {wall:.1f}s (bench {inner}s): probes and self-check {probe:.1f}s "
+                     f"(self-check {sum(checks):.2f}s over {len(checks)} readings), unseen shapes {unseen:.1f}s: "
+                     f"{share[state]:.1f}% of the bench; contention {(rec.get('env') or {}).get('contention')}")
+        lines += cells_line(rec)
+    goal("guard cost", share["warm"] <= 20, f"{share['warm']:.1f}% of a warm bench's wall time (goal <= 20%); "
+         f"{share['cold']:.1f}% of the first, on an empty cache")
 
     # beside another process's matmuls: marked contended, and refused with --exclusive
     load = _load(ctx, 240)

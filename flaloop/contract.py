@@ -291,13 +291,14 @@ def _worker_transforms() -> tuple[str, ...]:
     """The transforms a bench worker knows: VALID_OVERRIDES of bench/worker/inputs.py, read from its
     source (the worker runs in the target's interpreter and imports torch: it is not imported here)."""
     tree = ast.parse((Path(__file__).parent / "bench" / "worker" / "inputs.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "VALID_OVERRIDES" for t in node.targets):
-            return tuple(ast.literal_eval(node.value))
-    raise RuntimeError("bench/worker/inputs.py lost VALID_OVERRIDES")
+    found = {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+             for t in node.targets if getattr(t, "id", None) in ("VALID_OVERRIDES", "NEG")}
+    if set(found) != {"VALID_OVERRIDES", "NEG"}:
+        raise RuntimeError("bench/worker/inputs.py lost VALID_OVERRIDES or NEG")
+    return tuple(found["VALID_OVERRIDES"]), found["NEG"]
 
 
-TRANSFORMS = _worker_transforms()
+TRANSFORMS, NEG = _worker_transforms()
 
 
 def check_overrides(spec: OpSpec, overrides: dict[str, str]) -> None:
@@ -308,9 +309,13 @@ def check_overrides(spec: OpSpec, overrides: dict[str, str]) -> None:
     if unknown:
         raise UsageError(f"--input names {', '.join(unknown)}, not inputs of {spec.name}",
                          f"its inputs: {', '.join(inputs)}")
-    bad = [f"{n}={t}" for n, t in overrides.items() if t not in TRANSFORMS]
+    order = list(inputs)
+    bad = [f"{n}={t}" for n, t in overrides.items() if t not in TRANSFORMS and not (
+        t.startswith(NEG) and (not spec.registry or (t[len(NEG):] in order and order.index(t[len(NEG):]) < order.index(n))))]
     if bad:
-        raise UsageError(f"--input {', '.join(bad)}: unknown transform", f"known: {', '.join(TRANSFORMS)}")
+        raise UsageError(f"--input {', '.join(bad)}: unknown transform",
+                         f"known: {', '.join(TRANSFORMS)}, or {NEG}OTHER (minus an input built before it"
+                         + (f"; in order: {', '.join(order)})" if order else ")"))
 
 
 def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shapes: list[str] | None,

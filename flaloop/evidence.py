@@ -330,7 +330,7 @@ def process_name(pid: int) -> str | None:
 def occupancy(clocks: Clocks | None, own_pids: Iterable[int], with_memory: bool = False) -> dict | None:
     """Who is on the GPU now: the compute and graphics processes that are not ours (`own_pids`),
     with their memory and name, and the device's used memory. `visible` is False when NVML lists
-    none of our own processes although they are there (then a foreign one would not show either).
+    no process at all although ours are there (then a foreign one would not show either).
     The device's used memory only `with_memory` (one NVML call fewer after every pair). None
     without NVML."""
     if clocks is None or not clocks.available:
@@ -341,7 +341,9 @@ def occupancy(clocks: Clocks | None, own_pids: Iterable[int], with_memory: bool 
     ours = {int(p) for p in own_pids}
     foreign = [{**p, "name": process_name(p["pid"])} for p in listed if p["pid"] not in ours]
     seen_ours = [p["pid"] for p in listed if p["pid"] in ours]
-    return {"foreign": foreign, "visible": bool(seen_ours) or not ours, "own_listed": seen_ours,
+    # a list that names another process works, even where it names none of ours (a worker that
+    # holds no CUDA context yet is not listed)
+    return {"foreign": foreign, "visible": bool(seen_ours or foreign) or not ours, "own_listed": seen_ours,
             "used_mib": clocks.memory_used_mib() if with_memory else None}
 
 
@@ -361,9 +363,10 @@ def contention(pairs: Iterable, idle: dict | None = None) -> dict:
                           "used_mib": (names.get(pid) or {}).get("used_mib")} for pid, n in sorted(who.items())]}
     idle = idle or {}
     if idle.get("available") and idle.get("processes_visible") is False:
-        out["blind"] = BLIND
         out["activity"] = idle.get("foreign_activity")  # the device busy while ours were idle
-        out["quiet_start"] = bool(idle.get("quiet_start"))
+        if not seen:  # blind throughout; a list that named our workers around the pairs was not
+            out["blind"] = BLIND
+            out["quiet_start"] = bool(idle.get("quiet_start"))
     out["state"] = ("contended" if hit or idle.get("other_processes") or out.get("activity") else
                     "unknown" if out.get("blind") or not seen else "exclusive")
     return out

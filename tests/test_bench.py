@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import OP, edit, flaloop, worktrees
+from conftest import OP, edit, flaloop, git, worktrees
 
 FAST = Path("toyop/ops/toy/fast.py")
 # One round: these tests are about what a bench does with a cell, not about rounds (test_tuning_rounds).
@@ -99,6 +99,85 @@ def test_inputs_outside_the_domain_are_refused_and_an_override_fixes_them(toy):
     r, rec = bench(toy, "--modes", "fwd", "--input", "q=sigmoid", op="toy_log")
     assert r.code == 0, r.stderr
     assert rec["cells"][0]["status"] == "ok" and rec["config"]["inputs"] == {"q": "sigmoid"}
+
+
+def _commit(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+def test_a_cell_the_op_itself_refuses_at_the_base_is_refused_in_its_words_and_a_fault_is_not(toy):
+    """On the H200, FLA refuses the backward of its gated ops with Triton < 3.7.1 on Hopper: its own
+    code raises a RuntimeError that says why. That is the op declining the cell on this machine, not
+    a failure of flaloop or of a candidate: the cell is refused with the op's words and where it
+    said them. An error torch raises inside the op's code (a call, not a `raise`) stays a failure,
+    and so does a refusal only the candidate makes."""
+    guard = ("    if torch.is_grad_enabled() and q.requires_grad:\n"
+             "        raise RuntimeError('toy_attn: no backward on this machine (see #640)')\n    scale = q.shape")
+    edit(toy / FAST, "    scale = q.shape", guard)
+    r, rec = bench(toy, "--modes", "fwdbwd")  # the candidate alone refuses: it broke the backward
+    assert r.code == 3, r.stderr
+    (cell,) = rec["cells"]
+    assert cell["status"] == "failed" and cell["reason"].startswith("cand: RuntimeError: toy_attn: no backward")
+    _commit(toy, "the op refuses its backward here")
+    r, rec = bench(toy, "--aa", "--base", "HEAD")  # the contract's base is the commit before
+    assert r.code == 0, r.stderr  # the forward is measured
+    fwd, bwd = rec["cells"]
+    assert fwd["status"] == "ok" and bwd["status"] == "refused" and bwd["verdict"] == "REFUSED"
+    assert bwd["reason"].startswith("the op refuses this cell here: its own code raised RuntimeError: toy_attn: "
+                                    "no backward on this machine (see #640) (at toyop/ops/toy/fast.py:6) on the base")
+    assert "Traceback" in bwd["setup"]["base_traceback"]
+
+    # a second disguise: the refusal in the backward of an autograd Function of another module,
+    # an `assert` whose message is built at run time
+    (toy / "toyop/ops/toy/guarded.py").write_text(
+        "import torch\n\n\nclass Guard(torch.autograd.Function):\n"
+        "    @staticmethod\n    def forward(ctx, o):\n        return o.clone()\n\n"
+        "    @staticmethod\n    def backward(ctx, g):\n        what = '-'.join(['bwd', 'unsupported'])\n"
+        "        assert g.shape[0] < 0, what\n        return g\n")
+    edit(toy / FAST, guard, "    scale = q.shape")
+    edit(toy / FAST, "    return o.to(q.dtype), None", "    from .guarded import Guard\n    return Guard.apply(o.to(q.dtype)), None")
+    _commit(toy, "the backward asserts")
+    r, rec = bench(toy, "--aa", "--base", "HEAD", "--modes", "fwdbwd")
+    assert r.code == 3, r.stderr
+    (cell,) = rec["cells"]
+    assert cell["status"] == "refused", cell["reason"]
+    assert "raised AssertionError: bwd-unsupported (at toyop/ops/toy/guarded.py:12)" in cell["reason"]
+
+    # an error torch raises inside the op's own code is a fault, never a refusal
+    (toy / "toyop/ops/toy/guarded.py").write_text(
+        "import torch\n\n\nclass Guard(torch.autograd.Function):\n"
+        "    @staticmethod\n    def forward(ctx, o):\n        return o.clone()\n\n"
+        "    @staticmethod\n    def backward(ctx, g):\n        return g.view(-1, 7, 5, 3)\n")
+    _commit(toy, "the backward breaks")
+    r, rec = bench(toy, "--aa", "--base", "HEAD", "--modes", "fwdbwd")
+    assert r.code == 3, r.stderr
+    (cell,) = rec["cells"]
+    assert cell["status"] == "failed" and cell["reason"].startswith("base: RuntimeError"), cell["reason"]
+
+
+def test_an_input_tied_to_another_by_neg_brings_the_op_into_its_domain(toy):
+    """FLA's DPLR op gives non-finite values on independent inputs: its tests draw b = -a. `--input
+    b=neg:a` builds b as minus a, as built (a's own transform included); naming an input that is not
+    built before it, or none, is a usage error (exit 2) before any worker starts."""
+    reg = toy / "benchmarks/ops/registry.py"
+    reg.write_text(reg.read_text() + (
+        "register_op(OpConfig(\n    name='toy_pair', import_path='toyop.ops.toy', func_name='toy_pair',\n"
+        "    inputs={'a': TensorSpec(shape_BTHD), 'b': TensorSpec(shape_BTHD)}, test_file='tests/ops/test_toy.py',\n))\n"))
+    fast = toy / FAST
+    fast.write_text(fast.read_text() + "\n\ndef toy_pair(a, b):\n    return (-(a.float() * b.float())).log().to(a.dtype), None\n")
+    edit(toy / "toyop/ops/toy/__init__.py", "toy_attn, toy_log", "toy_attn, toy_log, toy_pair")
+    _commit(toy, "an op of two tied inputs")
+    assert flaloop(toy, "init", "toy_pair", "--modes", "fwd").code == 0
+    r, rec = bench(toy, "--aa", "--modes", "fwd", op="toy_pair")
+    assert r.code == 3 and "outside the op's domain" in rec["cells"][0]["reason"], r.stderr
+    r, rec = bench(toy, "--aa", "--modes", "fwd", "--input", "b=neg:a", op="toy_pair")
+    assert r.code == 0, r.stderr
+    assert rec["cells"][0]["status"] == "ok" and rec["config"]["inputs"] == {"b": "neg:a"}
+    for bad in ("a=neg:b", "b=neg:zz"):
+        r = flaloop(toy, "init", "toy_pair", "--force", "--input", bad)
+        assert r.code == 2 and f"{bad}: unknown transform" in r.stderr, r.stderr
+        assert "neg:OTHER (minus an input built before it; in order: a, b)" in r.stderr
 
 
 def test_crashed_worker_leaves_a_readable_report(toy):
@@ -213,7 +292,7 @@ def test_pairs_below_the_clock_floor_or_throttled_are_dropped():
     assert drop_reason(cfg, full, full) is None
     assert drop_reason(cfg, idle_bit, full) is None
     assert "SM clock 1300 MHz" in drop_reason(cfg, full, slow)
-    assert "throttled" in drop_reason(cfg, hot, full)
+    assert drop_reason(cfg, hot, full) == "throttled: sw_thermal_slowdown (0x20)"
     assert drop_reason(cfg, None, None) is None  # CPU: no clock evidence, nothing dropped
 
 

@@ -41,7 +41,9 @@ class FakeNvml(types.ModuleType):
     def __init__(self, launcher: FakeLauncher, foreign=lambda n: [], blind: bool = False):
         super().__init__("pynvml")
         self.launcher, self.foreign, self.blind, self.listings = launcher, foreign, blind, 0
+        self.contextless = 0  # listings at the start in which our workers hold no CUDA context yet
         self.util = 0  # the device's utilization, percent (None: this NVML does not say)
+        self.throttle = 0  # the clocks-event reasons NVML reports (0x4: the software power cap)
 
     def nvmlDeviceGetUtilizationRates(self, h):
         if self.util is None:
@@ -54,7 +56,7 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetUUID(self, h): return UUID  # noqa: E704
     def nvmlDeviceGetClockInfo(self, h, which): return 1980 if which == self.NVML_CLOCK_SM else 3201  # noqa: E704
     def nvmlDeviceGetMaxClockInfo(self, h, which): return 1980 if which == self.NVML_CLOCK_SM else 3201  # noqa: E704
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h): return 0  # noqa: E704
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h): return self.throttle  # noqa: E704
     def nvmlDeviceGetTemperature(self, h, which): return 40  # noqa: E704
     def nvmlDeviceGetPowerUsage(self, h): return 120_000  # noqa: E704
     def nvmlSystemGetDriverVersion(self): return "580.0-fake"  # noqa: E704
@@ -65,7 +67,8 @@ class FakeNvml(types.ModuleType):
         self.listings += 1
         if self.blind:
             return []
-        pids = [w.pid for w in self.launcher.started if not w.dead] + list(self.foreign(self.listings))
+        ours = [] if self.listings <= self.contextless else [w.pid for w in self.launcher.started if not w.dead]
+        pids = ours + list(self.foreign(self.listings))
         return [types.SimpleNamespace(pid=p, usedGpuMemory=3 << 30) for p in pids]
 
 
@@ -107,6 +110,24 @@ def test_pairs_beside_another_process_are_marked_and_the_run_reads_contended_nev
     assert not any(p.dropped for p in res.pairs)  # marked, not dropped: both sides shared the GPU alike
 
 
+def test_a_cell_whose_pairs_all_ran_power_capped_beside_another_process_says_so_and_what_to_do(
+        tmp_path, monkeypatch, other_job):
+    """On the H200 another process's matmuls held the GPU at its power cap: every pair was dropped as
+    throttled, and the cell read only "0 usable pairs (60 dropped)". The reason now names what
+    dropped them, who else was on the GPU, and what to do."""
+    s, nvml = gpu_session(tmp_path, monkeypatch)
+    nvml.foreign = lambda n: [other_job]
+    nvml.throttle = 0x4
+    s.run()
+    (res,) = s.out.results
+    assert res.status == "failed" and res.kept == [] and res.pairs
+    assert all(p.dropped == "throttled: sw_power_cap (0x4)" for p in res.pairs)
+    n = len(res.pairs)
+    assert res.reason.endswith(f"only 0 usable pairs ({n} dropped: {n} throttled: sw_power_cap (0x4)); another "
+                               f"process was on the GPU in {n} of {n} pairs (pid {other_job}): measure when it has "
+                               "finished, or pass --exclusive to wait for it"), res.reason
+
+
 def test_a_process_list_that_cannot_see_flaloop_itself_says_unknown(tmp_path, monkeypatch):
     s, nvml = gpu_session(tmp_path, monkeypatch)
     nvml.blind = True
@@ -120,6 +141,31 @@ def test_a_process_list_that_cannot_see_flaloop_itself_says_unknown(tmp_path, mo
     assert c["state"] == "unknown" and c["observed"] == 0
     line = evidence.contention_line(c)
     assert line.startswith("contention unknown: NVML lists no process") and "the GPU read idle" in line
+
+
+def test_workers_not_listed_at_the_start_but_listed_around_the_pairs_read_exclusive_not_unknown(
+        tmp_path, monkeypatch, other_job):
+    """On the H200 NVML named another user's job but not workers that held no CUDA context yet, and
+    a run whose every pair then saw the list name them read "contention unknown" as if the list
+    were blind. A list that names any process works; one that named ours around the pairs did."""
+    s, nvml = gpu_session(tmp_path, monkeypatch)
+    nvml.contextless = 1
+    s.run()
+    idle = s.out.env["idle"]
+    assert idle["processes_visible"] is False  # the one listing before measuring named nobody
+    c = evidence.contention(s.out.results[0].pairs, idle)
+    assert c["observed"] == c["pairs"] > 0 and c["state"] == "exclusive" and "blind" not in c
+    assert evidence.contention_line(c) is None
+    # the same start beside another job: the list names it, so it is seen, and the GPU is not idle
+    s, nvml = gpu_session(tmp_path / "shared", monkeypatch)
+    nvml.contextless, nvml.foreign = 1, lambda n: [other_job]
+    s.run()
+    idle = s.out.env["idle"]
+    assert idle["processes_visible"] is True and idle["idle"] is False
+    assert [p["pid"] for p in idle["other_processes"]] == [other_job]
+    assert not any("NVML lists no process" in why for why in idle["not_idle_because"])
+    c = evidence.contention(s.out.results[0].pairs, idle)
+    assert c["state"] == "contended" and c["contended"] == c["pairs"] and "blind" not in c
 
 
 def test_a_blind_process_list_still_sees_the_device_busy_while_flaloop_is_idle(tmp_path, monkeypatch):

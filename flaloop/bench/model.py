@@ -76,8 +76,8 @@ class BenchConfig:
     # (k=1-2 at B8_T1024_H8_D64) gave A/A pairs scattering by 6-7%: samples must be long.
     sample_ms: float = opt(10.0, "Calibrate k so one timed sample lasts this long.")
     diff_tol: float = opt(0.005, "Relative RMS error allowed between base and candidate.")
-    inputs: dict[str, str] = opt(factory=dict, help="Override an input's transform: k=l2norm (repeatable; "
-                                 "the contract's overrides apply too).", flags=("--input",), kind="assign")
+    inputs: dict[str, str] = opt(factory=dict, help="Override an input's transform: k=l2norm, or b=neg:a "
+                                 "(minus input a; repeatable; the contract's overrides apply too).", flags=("--input",), kind="assign")
     # Backend against backend: the same code, the candidate's workers with a variable set (FLA's
     # FLA_TILELANG=1, say). Both sides are then spawned (a fork server's preloaded libraries read
     # their environment at import), and the numeric-settings probe expects exactly these differences.

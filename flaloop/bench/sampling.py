@@ -21,7 +21,9 @@ test drives them over scripted fake workers (tests/test_session.py).
 from __future__ import annotations
 
 import math
+import re
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,7 +32,7 @@ from flaloop import stats
 from flaloop.bench.analysis import settled
 from flaloop.bench.model import BenchConfig, CellResult, Pair
 from flaloop.bench.workers import WorkerFailed
-from flaloop.evidence import ClockReading
+from flaloop.evidence import ClockReading, throttle_names
 from flaloop.guard import dynamic
 from flaloop.guard.findings import apply_allowances
 
@@ -150,7 +152,7 @@ def sample_cell(s: Session, res: CellResult, t0: float) -> None:
         return None
     if kept < 2:
         res.status = "failed"
-        res.reason = f"round {s.round + 1}: only {kept} usable pairs ({len(mine) - kept} dropped)"
+        res.reason = f"round {s.round + 1}: " + too_few_pairs(mine)
     else:
         res.status = "ok"  # for now: the pooled count is judged after the last round
     return None
@@ -213,7 +215,24 @@ def drop_reason(cfg: BenchConfig, before: ClockReading | None, after: ClockReadi
         if r is None:
             continue
         if r.throttled:
-            return f"throttled (reasons 0x{r.throttle_reasons:x})"
+            return f"throttled: {', '.join(throttle_names(r.throttle_reasons))} (0x{r.throttle_reasons:x})"
         if r.fraction_of_max < cfg.clock_floor:
             return f"SM clock {r.sm_mhz} MHz < {cfg.clock_floor:.0%} of {r.sm_max_mhz}"
     return None
+
+
+def too_few_pairs(pairs: list[Pair]) -> str:
+    """Why a cell kept too few pairs to judge: what dropped the others, by kind with an example of
+    each (a power-capped GPU drops every pair as throttled), and who else was on the GPU, with what
+    to do about it."""
+    kept = sum(p.dropped is None for p in pairs)
+    kinds = Counter(re.sub(r"\d+", "N", p.dropped) for p in pairs if p.dropped)
+    example = {re.sub(r"\d+", "N", p.dropped): p.dropped for p in reversed(pairs) if p.dropped}
+    why = "; ".join(f"{n} {example[k]}" for k, n in kinds.most_common())
+    text = f"only {kept} usable pairs ({len(pairs) - kept} dropped" + (f": {why})" if why else ")")
+    shared = [p for p in pairs if p.foreign]
+    if shared:
+        pids = sorted({pid for p in shared for pid in p.foreign})
+        text += (f"; another process was on the GPU in {len(shared)} of {len(pairs)} pairs (pid "
+                 f"{', '.join(map(str, pids))}): measure when it has finished, or pass --exclusive to wait for it")
+    return text

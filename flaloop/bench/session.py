@@ -231,7 +231,7 @@ class Session:
                     res.status, res.reason = "blocked", f"guard: {', '.join(rules)} (run stopped)"
                 elif res.status == "ok" and len(res.kept) < 6:
                     res.status = "failed"
-                    res.reason = f"only {len(res.kept)} usable pairs ({len(res.pairs) - len(res.kept)} dropped)"
+                    res.reason = sampling.too_few_pairs(res.pairs)
         self.mark("done")
         self.on_event("done")
 
@@ -485,6 +485,11 @@ class Session:
         error = str(reply.get("error", "unknown error"))
         if error.startswith("skip:"):
             res.status, res.reason = "skipped", error[5:].strip()
+        elif reply.get("refused") and side == "base":  # the op itself, before any candidate ran
+            res.status, res.reason = "refused", (
+                f"the op refuses this cell here: its own code raised {error} (at {reply.get('where')}) on the "
+                "base, so there is nothing to compare; leave the cell out (--modes, --shapes) or give it what it needs")
+            res.setup["base_traceback"] = reply.get("traceback", "")[-4000:]
         else:
             res.status, res.reason = "failed", f"{side}: {error}"
             res.setup[f"{side}_traceback"] = reply.get("traceback", "")[-4000:]

@@ -54,7 +54,8 @@ def warm_cell(s: Session, res: CellResult) -> None:
         res.status, res.reason = "refused", (
             "inputs outside the op's domain: the BASE gives non-finite values "
             + ", ".join(f"{n}: {c}" for n, c in nonfinite.items())
-            + " (override an input transform in the contract, e.g. --input k=l2norm)")
+            + " (override an input transform in the contract, e.g. --input k=l2norm, or tie one input to "
+            "another as the op's tests draw them, e.g. --input b=neg:a)")
         return None
     cand = s.setup(res, "cand", base["k"], "auto")
     res.setup["cand"] = cand

@@ -56,9 +56,10 @@ def _width(stream) -> int | None:
 
 
 # markup is off by default: test ids, diffs and messages are full of [brackets]. Literal styled
-# strings opt in with markup=True and escape() whatever they interpolate.
-out = Console(highlight=False, soft_wrap=True, markup=False, width=_width(sys.stdout))
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, width=_width(sys.stderr))
+# strings opt in with markup=True and escape() whatever they interpolate. Emoji codes are off too:
+# a message about `--input a=neg:b` printed "neg🅱" (rich reads ":b:" as an emoji's name).
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False, width=_width(sys.stderr))
 
 RepoOpt = Annotated[str | None, typer.Option("--repo", help="Target checkout (default: the git root of the cwd).")]
 PyOpt = Annotated[str | None, typer.Option("--python", help="Target's interpreter (default: this one).")]

@@ -48,7 +48,7 @@ def init_cmd(
     base: Annotated[str, typer.Option("--base", help="Base git ref.")] = "HEAD",
     langs: Annotated[str, typer.Option("--langs", metavar=LIST, help="Allowed languages, comma separated.")] = "triton",
     modes: Annotated[str, typer.Option("--modes", metavar=LIST, help="Bench modes, comma separated.")] = "fwd,fwdbwd",
-    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override an input transform: k=l2norm.")] = None,
+    inputs: Annotated[list[str] | None, typer.Option("--input", help="Override an input transform: k=l2norm, or b=neg:a (minus input a).")] = None,
     varlen: Annotated[bool, typer.Option("--varlen", help="Bench a packed cu_seqlens variant of each shape too.")] = False,
     l2: Annotated[str, typer.Option("--l2", help=model_mod.L2_HELP)] = "rotate",
     max_iters: Annotated[int, typer.Option("--max-iters", help="Iteration cap of the loop.")] = 20,

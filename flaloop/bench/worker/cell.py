@@ -28,7 +28,7 @@ from . import timing
 from .backends import backend_snapshot
 from .compare import compare_results, diff_stats, flatten_outputs, same_bits
 from .inputs import CellSpec, InputSet, nbytes, nonfinite
-from .protocol import short_error
+from .protocol import refusal, short_error
 from .tuning import tuning_added, tuning_snapshot
 
 VALID_TIMERS = ('auto', 'eager')
@@ -116,7 +116,11 @@ class BuiltCell:
         held_before = self._held_bytes()
         varlen_kw = self.spec.varlen_kwargs(self.device)
         self.extra_kwarg_names = sorted(varlen_kw)
-        first = self._make(0, varlen_kw)
+        try:  # fwdbwd: the op's forward runs here, for the upstream gradient's shape
+            first = self._make(0, varlen_kw)
+        except Exception as e:
+            self._refused(e)
+            raise
         self.set_bytes = first.nbytes
         # hot: one set, so that every call finds the previous call's inputs in the L2
         self.n_sets = 1 if self.l2 == 'hot' else self.spec.choose_n_sets(self.set_bytes, self.is_cuda, self.w.l2_bytes)
@@ -130,9 +134,13 @@ class BuiltCell:
 
         t0 = time.perf_counter()
         tuned_before = tuning_snapshot()
-        for i in range(max(self.warmup, self.n_sets)):
-            self.call(self.sets[i % self.n_sets])
-        self._sync()
+        try:
+            for i in range(max(self.warmup, self.n_sets)):
+                self.call(self.sets[i % self.n_sets])
+            self._sync()
+        except Exception as e:
+            self._refused(e)
+            raise
         warmup_s = time.perf_counter() - t0
         # What Triton's autotuners chose during this cell's first calls: the session compares
         # the two sides, since a different pick on an unchanged kernel is noise, not a win.
@@ -174,6 +182,12 @@ class BuiltCell:
             # the same cells in the same order, so the two snapshots compare)
             'backends': backend_snapshot(),
         }
+
+    def _refused(self, e: Exception) -> None:
+        """Raise OpRefused from `e` when the op's own code refused this cell (protocol.refusal)."""
+        refused = refusal(e, self.w.tree)
+        if refused is not None:
+            raise refused from e
 
     # -- calling --------------------------------------------------------------------------------------
 

@@ -13,6 +13,9 @@ from .protocol import Skip
 from .target import signature
 
 VALID_OVERRIDES = ('identity', 'l2norm', 'logsigmoid', 'sigmoid')
+# NAME=neg:OTHER: the input is minus another one (as built, transform included), for ops whose
+# domain ties two inputs together (FLA's DPLR tests draw b = -a, a l2-normalized)
+NEG = 'neg:'
 VALID_DTYPES = ('bfloat16', 'float16', 'float32')
 VALID_MODES = ('fwd', 'fwdbwd')
 MAX_SETS_CUDA = 4
@@ -114,9 +117,16 @@ class CellSpec:
         for name in self.overrides:
             if name not in cfg.inputs:
                 raise ValueError(f'override for unknown input {name!r}; inputs: {list(cfg.inputs)}')
+        order = list(cfg.inputs)
         for name, tname in self.overrides.items():
-            if tname not in VALID_OVERRIDES:
-                raise ValueError(f'unknown override {tname!r} for {name!r}; valid: {list(VALID_OVERRIDES)}')
+            if tname.startswith(NEG):
+                other = tname[len(NEG):]
+                if other not in order or order.index(other) >= order.index(name):
+                    raise ValueError(f'override {name}={tname}: {other!r} is not an input built before {name!r} '
+                                     f'(in order: {order})')
+            elif tname not in VALID_OVERRIDES:
+                raise ValueError(f'unknown override {tname!r} for {name!r}; valid: {list(VALID_OVERRIDES)} '
+                                 f'or {NEG}INPUT')
         if self.seqlens is not None:
             seqlens = [int(x) for x in self.seqlens]
             if not seqlens or any(x <= 0 for x in seqlens):
@@ -181,7 +191,9 @@ class CellSpec:
             else:
                 t = torch.randn(shape, dtype=dt, device=device, generator=gen)
             ov = self.overrides.get(name)
-            if ov is not None:
+            if ov is not None and ov.startswith(NEG):
+                t = -inputs[ov[len(NEG):]].detach().clone()
+            elif ov is not None:
                 t = apply_override(ov, t)
             elif spec.transform is not None:
                 t = spec.transform(t)

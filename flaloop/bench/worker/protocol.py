@@ -3,7 +3,8 @@
 Request: ``{"cmd": NAME, "id": ANY (optional, echoed), ...}``.
 Reply:   ``{"ok": true, "cmd": NAME, "id": ..., ...}`` or
          ``{"ok": false, "cmd": NAME, "id": ..., "error": "short message", "traceback": "..."}``;
-         an error that means "this cell cannot run here" starts with ``"skip:"`` (and ``"skip": true``).
+         an error that means "this cell cannot run here" starts with ``"skip:"`` (and ``"skip": true``);
+         one the op's own code raised at the cell's first calls has ``"refused": true`` and ``"where"``.
 Floats that are NaN or infinite are sent as ``null`` (strict JSON). EOF on stdin or ``quit``
 exits 0. An exception in one command never kills the worker.
 
@@ -28,6 +29,34 @@ _loads = json.loads
 
 class Skip(Exception):
     """The cell cannot run for this op (constraint, no backward, no varlen): reply error 'skip: ...'."""
+
+
+class OpRefused(Exception):
+    """The op's own code refused the cell at its first calls: a `raise` or `assert` statement in the
+    target's tree (FLA: "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for
+    gated chunk_bwd_dqkwg"), not a fault, a compile error or a flaloop bug. `where` is file:line."""
+
+    def __init__(self, msg: str, where: str):
+        super().__init__(msg)
+        self.where = where
+
+
+def refusal(exc: BaseException, tree: str) -> OpRefused | None:
+    """`exc` as an OpRefused when the statement that raised it is a `raise` or `assert` in a file
+    under `tree`; None otherwise. Judged on the innermost frame and its source line: an error torch
+    or Triton raise from inside a call the op's code makes (a CUDA fault, out of memory, a shape
+    mismatch) has a call, not a `raise`, on that line, and one raised in a library has its frame
+    outside the tree."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or isinstance(exc, MemoryError) or 'out of memory' in str(exc).lower():
+        return None
+    last = frames[-1]
+    path = os.path.realpath(last.filename)
+    root = os.path.realpath(tree) + os.sep
+    line = (last.line or '').strip()
+    if not path.startswith(root) or not (line.startswith('raise') or line.startswith('assert')):
+        return None
+    return OpRefused(short_error(exc), f'{path[len(root):]}:{last.lineno}')
 
 
 class InitError(Exception):
@@ -104,6 +133,8 @@ def serve(worker, stdin, proto) -> int:
             reply = {'ok': True, **worker.handle(cmd, req)}
         except Skip as e:
             reply = {'ok': False, 'skip': True, 'error': f'skip: {e}', 'traceback': traceback.format_exc()}
+        except OpRefused as e:
+            reply = {'ok': False, 'refused': True, 'where': e.where, 'error': str(e), 'traceback': traceback.format_exc()}
         except InitError as e:
             reply = {'ok': False, 'error': str(e), 'traceback': e.tb}
         except Exception as e:

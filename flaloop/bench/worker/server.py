@@ -149,6 +149,10 @@ class WorkerServer:
     def cmd_hello(self, req: dict) -> dict:
         dev = self.device
         if dev.type == 'cuda':
+            # a context now: NVML lists only processes that hold one, and the session asks it who is
+            # on the GPU right after this answer (on the H200 it named another user's job but not
+            # workers that had none yet, so the GPU read as one whose process list is blind)
+            torch.empty(1, device=dev)
             idx = torch.cuda.current_device()
             props = torch.cuda.get_device_properties(idx)
             device_name = props.name

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The wheels FLA's TileLang backend needs on the GPU machine, whose image lacks them, in two parts
+# that each fit one transfer (64 MB a call) beside what that call carries: .whl/a (tilelang,
+# apache-tvm-ffi, torch-c-dlpack-ext: 53 MB) and .whl/b (z3-solver: 29 MB, with `.fla`'s 27 MB).
+# The image has tilelang's other needs (numpy, psutil, tqdm, ml-dtypes, cloudpickle).
+#
+#   bash benchmarks/stage_wheels.sh                       # here, once
+#   run 1, carry [".whl/a"]:        python3 -m pip install -q --no-index --no-deps --no-compile \
+#                                     --no-cache-dir --upgrade --target /tmp/site .whl/a/*.whl
+#   run 2, carry [".whl/b", ".fla"], at once (the machine is kept 30 s idle):
+#       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#         --target /tmp/site .whl/b/*.whl && PYTHONPATH=/tmp/site python3 benchmarks/run.py \
+#         h200-tilelang --background --deadline 1200 && python3 benchmarks/run.py wait 540
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .git/info
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+PY=${PYTHON:-python3}
+platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+fetch() {
+    local dest=$1; shift
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platforms[@]}" -d "$dest" "$@"
+}
+fetch .whl/a tilelang==0.1.15 apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5
+fetch .whl/b z3-solver==4.15.4.0
+du -sh .whl/a .whl/b
