@@ -22,7 +22,7 @@ import re
 import threading
 from pathlib import Path
 
-from harness import Ctx, fla_copy, goal, run, write
+from harness import Ctx, fla_copy, goal, run, say, write
 
 TOKENS_MIN = int(os.environ.get("FLALOOP_SURVEY_TOKENS_MIN", "1024"))  # a CPU try-out sets it lower
 # Ops surveyed at once on the one GPU (FLALOOP_SURVEY_LANES): a cold op's time is mostly Triton
@@ -194,7 +194,11 @@ def suite_survey(ctx: Ctx) -> None:
                 keep({"op": op, "status": "not run (the deadline)", "shape": None, "wall_s": 0.0, "cells": [],
                       "why": None, "inputs": None})
                 continue
-            keep({**survey_op(ctx, repos[i], op, env, d), "lane": i})
+            try:
+                keep({**survey_op(ctx, repos[i], op, env, d), "lane": i})
+            except Exception as exc:  # noqa: BLE001 - one op's trouble must not cost the lane its other rows
+                keep({"op": op, "status": "crash", "shape": None, "wall_s": 0.0, "cells": [], "inputs": None,
+                      "why": f"the survey itself: {type(exc).__name__}: {exc}", "lane": i})
 
     with cf.ThreadPoolExecutor(LANES) as pool:
         for f in [pool.submit(lane, i) for i in range(LANES)]:
@@ -203,7 +207,10 @@ def suite_survey(ctx: Ctx) -> None:
         for op in todo:
             row = rows[op]
             if row.get("cells") and row["status"] != "crash" and ctx.left() > 60:
-                keep(alone(ctx, repos[row["lane"]], row, env, d))
+                try:
+                    keep(alone(ctx, repos[row["lane"]], row, env, d))
+                except Exception as exc:  # noqa: BLE001 - the contended row stands
+                    say(f"survey: {op} alone: {type(exc).__name__}: {exc}")
     fh.close()
     ordered = [rows[op] for op in todo]
     write(d / "survey.md", _md(ordered))
