@@ -114,6 +114,17 @@ def record_of(doc: dict | None) -> dict | None:
     return None
 
 
+def served_backends(doc: dict | None) -> dict[str, list[str]]:
+    """Which registered backends (FLA's `fla.ops.backends`) served calls on each side of a bench
+    record, from its cells' setup records; empty lists: the op's default path served them."""
+    out: dict[str, set] = {"base": set(), "cand": set()}
+    for c in (doc or {}).get("cells") or []:
+        for side in out:
+            for family in (((c.get("setup") or {}).get(side) or {}).get("backends") or {}).values():
+                out[side].update(str(x) for x in family.get("served") or [])
+    return {side: sorted(v) for side, v in out.items()}
+
+
 def cells_line(rec: dict) -> list[str]:
     lines = []
     for c in rec.get("cells") or []:

@@ -16,11 +16,13 @@ FLA's code is never committed here: the suites edit copies of `.fla` under the w
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-from harness import Ctx, fla_copy, goal, run, say, write
+from harness import Ctx, fla_copy, goal, run, say, served_backends, write
 
 # fused_attnres: its registry shapes are layer shapes (L sources of [B, T, D]); the smallest of 1,024
 # tokens or more, as the survey picked
@@ -38,14 +40,12 @@ TILELANG = {"op": "parallel_attn", "env": {"FLA_TILELANG": "1"}, "shape": "B8_T1
 PAIRS = ["--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "12"]
 
 
-def _served(doc: dict | None) -> dict[str, list[str]]:
-    """Which registered backends served calls on each side, from the cells' setup records."""
-    out: dict[str, set] = {"base": set(), "cand": set()}
-    for c in (doc or {}).get("cells") or []:
-        for side in out:
-            for family in (((c.get("setup") or {}).get(side) or {}).get("backends") or {}).values():
-                out[side].update(str(x) for x in family.get("served") or [])
-    return {side: sorted(v) for side, v in out.items()}
+def _loop_record(repo: Path, op: str, doc: dict | None) -> dict | None:
+    """The bench record a `baseline --json` or `iter --json` answer points at (under profile/OP-opt/)."""
+    it = (doc or {}).get("iteration") or {}
+    rel = ((it.get("baseline") or {}).get("record") or (it.get("vs_base") or {}).get("record"))
+    path = repo / "profile" / f"{op}-opt" / rel if rel else None
+    return json.loads(path.read_text()) if path and path.is_file() else None
 
 
 def _backend_loop(ctx: Ctx, spec: dict, name: str) -> None:
@@ -62,7 +62,7 @@ def _backend_loop(ctx: Ctx, spec: dict, name: str) -> None:
         write(d / "summary.txt", "\n".join(lines) + "\n")
         return
     code, wall, doc = run(ctx, ["baseline", op, "--repo", str(repo), "--json", *PAIRS], d / "baseline", env=env)
-    lines.append(f"baseline: exit {code} in {wall:.1f}s; served {_served((doc or {}).get('bench') or doc)}")
+    lines.append(f"baseline: exit {code} in {wall:.1f}s; served {served_backends(_loop_record(repo, op, doc))}")
     p = repo / spec["file"]
     src = p.read_text()
     if src.count(spec["step"][0]) != 1:
@@ -71,7 +71,7 @@ def _backend_loop(ctx: Ctx, spec: dict, name: str) -> None:
         p.write_text(src.replace(*spec["step"]))
         code, wall, doc = run(ctx, ["iter", op, spec["why"], "--repo", str(repo), "--json", *PAIRS], d / "iter", env=env)
         it = (doc or {}).get("iteration") or {}
-        served = _served((doc or {}).get("bench"))
+        served = served_backends(_loop_record(repo, op, doc))
         lines.append(f"iter: exit {code} in {wall:.1f}s: {it.get('status')}; served {served}")
         goal(f"{name} loop", code in (0, 1) and bool(it.get("status")) and all(spec["backend"] in v for v in served.values()),
              f"iteration {it.get('status')}, served {served}")
@@ -85,7 +85,7 @@ def _backend_loop(ctx: Ctx, spec: dict, name: str) -> None:
     code, wall, doc = run(ctx, ["bench", op, "--repo", str(repo), "--base", "HEAD", "--json",
                                 "--cand-env", *[f"{k}={v}" for k, v in spec["env"].items()], *PAIRS],
                           d / "cand-env", env=plain)
-    served = _served(doc)
+    served = served_backends(doc)
     lines.append(f"--cand-env {spec['env']}: exit {code} in {wall:.1f}s; served {served}; verdicts "
                  f"{[(c['cell']['id'], c.get('verdict'), (c.get('estimate') or {}).get('speedup')) for c in (doc or {}).get('cells') or []]}")
     goal(f"{name} against the default path", spec["backend"] in served["cand"] and spec["backend"] not in served["base"],

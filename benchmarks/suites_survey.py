@@ -22,7 +22,7 @@ import re
 import threading
 from pathlib import Path
 
-from harness import Ctx, fla_copy, goal, run, say, write
+from harness import Ctx, fla_copy, goal, run, say, served_backends, write
 
 TOKENS_MIN = int(os.environ.get("FLALOOP_SURVEY_TOKENS_MIN", "1024"))  # a CPU try-out sets it lower
 # Ops surveyed at once on the one GPU (FLALOOP_SURVEY_LANES): a cold op's time is mostly Triton
@@ -106,7 +106,7 @@ def survey_op(ctx: Ctx, repo: Path, op: str, env: dict, d: Path) -> dict:
         row["wall_s"] += wall
         why, crashed = _answer(d / f"bench-{op}-{attempt}", doc, code)
         cells = _cells(doc)
-        row["cells"], row["exit"] = cells, code
+        row["cells"], row["exit"], row["served"] = cells, code, served_backends(doc)
         domain = [c for c in cells if "outside the op's domain" in c["reason"]]
         if domain and attempt < len(fixes):
             extra = extra + fixes[attempt]  # the kind of fix that message names, the next one
@@ -148,15 +148,15 @@ def alone(ctx: Ctx, repo: Path, row: dict, env: dict, d: Path) -> dict:
     code, wall, doc = _bench(ctx, repo, op, env, d, f"{op}-alone")
     why, crashed = _answer(d / f"bench-{op}-alone", doc, code)
     row["lanes_cells"], row["lanes_wall_s"] = row["cells"], row["wall_s"]
-    row["cells"], row["exit"], row["alone_wall_s"] = _cells(doc), code, wall
+    row["cells"], row["exit"], row["alone_wall_s"], row["served"] = _cells(doc), code, wall, served_backends(doc)
     row["wall_s"] += wall
     _judge(row, code, row["cells"], why, crashed)
     return row
 
 
 def _md(rows: list[dict]) -> str:
-    lines = ["| op | shape | status | cells (A/A estimate [95% CI]) | wall s | reason / inputs |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| op | shape | status | cells (A/A estimate [95% CI]) | backend | wall s | reason / inputs |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         cells = "<br>".join(f"{c['id'].split('/')[-1]} {c['speedup']:.4f}x [{c['ci_low']:.4f}, {c['ci_high']:.4f}]"
                             if c.get("speedup") else f"{c['id'].split('/')[-1]} {c.get('verdict') or c.get('status')}"
@@ -164,7 +164,11 @@ def _md(rows: list[dict]) -> str:
         shared = any(c.get("contention") == "contended" for c in r["cells"])
         note = " ".join(x for x in (r.get("inputs") and f"needs `{r['inputs']}`", shared and "(contended)",
                                     r.get("why")) if x) or ""
-        lines.append(f"| `{r['op']}` | {r['shape'] or '-'} | {r['status']} | {cells} | {r['wall_s']:.0f} | "
+        served = r.get("served") or {}
+        names = {side: ", ".join(v) or "default" for side, v in served.items()}
+        backend = ("-" if not names else names["base"] if names["base"] == names["cand"]
+                   else f"base {names['base']}, cand {names['cand']}")
+        lines.append(f"| `{r['op']}` | {r['shape'] or '-'} | {r['status']} | {cells} | {backend} | {r['wall_s']:.0f} | "
                      f"{note.replace('|', '/')[:400]} |")
     return "\n".join(lines) + "\n"
 
