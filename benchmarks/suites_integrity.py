@@ -1,5 +1,6 @@
 """benchmarks/run.py's integrity suite (issue 23) on FLA's chunk_delta_rule: a bench beside another
-process on the same GPU (marked contended; refused with --exclusive), FLA's fix #988 undone (a
+process on the same GPU (marked contended; refused with --exclusive; beside a light load, measured
+and marked), FLA's fix #988 undone (a
 kernel Triton miscompiles with 4 warps on Hopper, wrong only on shapes the bench does not time),
 and what the guard's work costs a bench (probes, the self-check, the unseen shapes); `l2`, the A/A of
 hot and cold cells (`--l2 both`)."""
@@ -27,17 +28,23 @@ PAIRS = ["--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "10"]
 WY = "fla/ops/delta_rule/wy_fast.py"
 # FLA's fix restricted the kernel to 2 warps on Hopper; undone, its autotuner may pick 4
 FIX_988 = ("NUM_WARPS = [2] if IS_NVIDIA_HOPPER else [2, 4, 8]\n", "NUM_WARPS = [4]\n")
-# another user's job: matmuls on the same GPU for as long as the suite needs
+# another user's job: matmuls on the same GPU for as long as the suite needs (argv: seconds, matrix
+# size, pause between matmuls in s). The heavy one held the H200 at its power cap (2026-12-02), so
+# every pair was dropped as throttled; the light one (small matmuls, mostly idle) is meant to leave
+# the clock alone, so that the pairs are kept and marked (not yet run on the H200).
 LOAD = ("import sys, time, torch\n"
-        "a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
+        "n, pause = int(sys.argv[2]), float(sys.argv[3])\n"
+        "a = torch.randn(n, n, device='cuda', dtype=torch.bfloat16)\n"
         "end = time.time() + float(sys.argv[1])\n"
         "while time.time() < end:\n"
         "    b = a @ a\n"
-        "    torch.cuda.synchronize()\n")
+        "    torch.cuda.synchronize()\n"
+        "    time.sleep(pause)\n")
+HEAVY, LIGHT = (8192, 0.0), (1024, 0.005)
 
 
-def _load(ctx: Ctx, seconds: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", LOAD, str(seconds)], env=ctx.env(gpus=ctx.gpus[:1]),
+def _load(ctx: Ctx, seconds: float, kind: tuple[int, float] = HEAVY) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", LOAD, str(seconds), *map(str, kind)], env=ctx.env(gpus=ctx.gpus[:1]),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     time.sleep(8)  # torch imported and the loop running
     return proc
@@ -92,6 +99,23 @@ def suite_integrity(ctx: Ctx) -> None:
     finally:
         load.kill()
         load.wait()
+
+    # beside a light load: the clock stays up, so the pairs are measured, each marked contended
+    load = _load(ctx, 120, LIGHT)
+    try:
+        code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--aa", "--json", *PAIRS], d / "light", env=env)
+    finally:
+        load.kill()
+        load.wait()
+    rec = record_of(doc) or {}
+    cont = (rec.get("env") or {}).get("contention") or {}
+    measured = [c for c in rec.get("cells") or [] if c.get("estimate")]
+    lines.append(f"beside a light load (pid {load.pid}): exit {code} in {wall:.1f}s; contention {cont}")
+    lines += cells_line(rec)
+    goal("contended, measured", cont.get("state") == "contended" and bool(measured)
+         and len(measured) == len(rec.get("cells") or []),
+         f"state {cont.get('state')}, {cont.get('contended')} of {cont.get('pairs')} pairs, "
+         f"{len(measured)} of {len(rec.get('cells') or [])} cells measured")
 
     # FLA #988 undone: bench alone must block it, naming a shape it does not time
     p = repo / WY
