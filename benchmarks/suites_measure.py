@@ -224,7 +224,7 @@ def _warm_caches(ctx: Ctx, repo: Path) -> None:
         r = fla_copy(ctx, f"warm{i}")
         init(ctx, r, shapes)
         _, wall, _ = run(ctx, ["bench", OP, "--repo", str(r), "--aa", "--json", "--rounds", "1", "--no-probes",
-                               "--min-pairs", "4", "--max-pairs", "4"], ctx.out / "verify" / f"warm-bench{i}",
+                               "--min-pairs", "6", "--max-pairs", "6"], ctx.out / "verify" / f"warm-bench{i}",
                          env=ctx.env(gpus=[gpu]))
         return wall
 

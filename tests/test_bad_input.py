@@ -90,6 +90,13 @@ def test_a_contract_naming_an_unknown_shape(toy):
     refused(flaloop(toy, "bench", "toy_attn", *QUICK), 2, "unknown shape(s) B9_T9_H9_D9", "known: B2_T64_H2_D16")
 
 
+def test_fewer_pairs_than_a_verdict_needs_are_refused_before_anything_runs(toy):
+    """A cell needs 6 kept pairs for a verdict: a cap below that could only ever fail every cell."""
+    for a, b in (("2", "4"), ("6", "4")):
+        refused(flaloop(toy, "bench", "toy_attn", "--device", "cpu", "--min-pairs", a, "--max-pairs", b), 2,
+                f"--min-pairs {a} / --max-pairs {b}: need 2 <= min-pairs <= max-pairs, and max-pairs >= 6")
+
+
 # -- the registry and the op ----------------------------------------------------------------------
 
 REGISTRY = Path("benchmarks/ops/registry.py")

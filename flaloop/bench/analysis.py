@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from flaloop import stats
-from flaloop.bench.model import CellResult, CellSummary, RoundEstimate
+from flaloop.bench.model import MIN_PAIRS_JUDGED, CellResult, CellSummary, RoundEstimate
 from flaloop.bench.record import GeomeanSummary, RunSummary
 from flaloop.guard import dynamic
 from flaloop.guard.findings import Finding
@@ -77,7 +77,7 @@ def split_direction(rounds: list[RoundEstimate], verdict: stats.Verdict, margin:
 def settled(est: stats.SpeedupEstimate | None, margin: float, band: float) -> str | None:
     """'beyond' when the CI lies beyond the margin by more than `band`, 'inside' when it lies inside
     the margin shrunk by `band` (only possible with a band narrower than the margin), else None."""
-    if est is None or est.n_pairs < 6:
+    if est is None or est.n_pairs < MIN_PAIRS_JUDGED:
         return None
     hi_edge, lo_edge = (1 + margin) * (1 + band), 1 / ((1 + margin) * (1 + band))
     if est.ci_low > hi_edge or est.ci_high < lo_edge:

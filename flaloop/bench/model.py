@@ -38,6 +38,8 @@ L2_WORDS = {"rotate": "rotate (input sets rotated, together over twice the L2)",
 L2_HELP = f"What the L2 holds as each timed call starts: {', '.join(L2_WORDS[m] for m in L2_MODES[:-1])} or {L2_WORDS['both']}."
 IMPORT_MODES = ("full", "lean")
 MAX_UNSEEN = 64  # unseen shapes (each costs a setup and two calls a side and mode)
+# the kept pairs a cell needs, pooled over its rounds, for an estimate and a verdict (fewer: failed)
+MIN_PAIRS_JUDGED = 6
 # what flaloop sets for both sides' workers, which --cand-env may not change
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING", "PYTHONPATH",
                           "TRITON_INTERPRET"})
@@ -186,9 +188,9 @@ class BenchConfig:
             raise UsageError(f"--unseen-shapes {self.unseen_shapes}: need 0 (off) to {MAX_UNSEEN}")
         if self.placements < 1:
             raise UsageError(f"--placements {self.placements}: need at least 1 (1 builds each cell once)")
-        if self.min_pairs < 2 or self.max_pairs < self.min_pairs:
-            raise UsageError(f"--min-pairs {self.min_pairs} / --max-pairs {self.max_pairs}: "
-                             "need 2 <= min-pairs <= max-pairs")
+        if self.min_pairs < 2 or self.max_pairs < max(self.min_pairs, MIN_PAIRS_JUDGED):
+            raise UsageError(f"--min-pairs {self.min_pairs} / --max-pairs {self.max_pairs}: need 2 <= min-pairs <= "
+                             f"max-pairs, and max-pairs >= {MIN_PAIRS_JUDGED} (the pairs a cell needs for a verdict)")
         for name in ("margin", "half_width", "cell_seconds", "sample_ms", "diff_tol", "worker_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

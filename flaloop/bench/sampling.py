@@ -30,7 +30,7 @@ import numpy as np
 
 from flaloop import stats
 from flaloop.bench.analysis import settled
-from flaloop.bench.model import BenchConfig, CellResult, Pair
+from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, CellResult, Pair
 from flaloop.bench.workers import WorkerFailed
 from flaloop.evidence import ClockReading, throttle_names
 from flaloop.guard import dynamic
@@ -124,8 +124,11 @@ def sample_cell(s: Session, res: CellResult, t0: float) -> None:
         r_kept = np.log(np.array([x.cand_ms / x.base_ms for x in mine if x.dropped is None]))
         s.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
         # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
-        # calibrated on the base) must still get enough pairs to be called SLOWER
-        elapsed = time.monotonic() - t0 if len(r_kept) >= min(min_r, 6) else 0.0
+        # calibrated on the base) must still get enough pairs to be called SLOWER, and the rounds
+        # together the pairs a verdict needs (with --min-pairs 4 and one round, a loaded CPU's time
+        # cap stopped a cell at 4 or 5 kept pairs, which then failed it)
+        elapsed = time.monotonic() - t0 if len(r_kept) >= max(min(min_r, MIN_PAIRS_JUDGED),
+                                                              math.ceil(MIN_PAIRS_JUDGED / n_rounds)) else 0.0
         done = rule.enough(r_kept, elapsed)
         # settled: judged on the stopping rule's own latest CI (no second bootstrap per pair)
         state = (settled(rule.last, cfg.margin, cfg.settle_band)

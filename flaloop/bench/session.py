@@ -36,7 +36,7 @@ from pathlib import Path
 from flaloop.bench import sampling, warmup
 from flaloop.bench.analysis import round_estimates
 from flaloop.bench.launcher import Launcher
-from flaloop.bench.model import BenchConfig, Cell, CellResult
+from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, Cell, CellResult
 from flaloop.bench.pool import WorkerPool
 from flaloop.bench.workers import WorkerClient, WorkerFailed
 from flaloop.errors import MeasurementError
@@ -229,7 +229,7 @@ class Session:
                 if blocked and res.status in ("pending", "ok") and not res.kept:
                     rules = sorted({f.rule for f in self.out.run_findings if f.blocking})
                     res.status, res.reason = "blocked", f"guard: {', '.join(rules)} (run stopped)"
-                elif res.status == "ok" and len(res.kept) < 6:
+                elif res.status == "ok" and len(res.kept) < MIN_PAIRS_JUDGED:
                     res.status = "failed"
                     res.reason = sampling.too_few_pairs(res.pairs)
         self.mark("done")
