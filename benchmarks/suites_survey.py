@@ -8,9 +8,9 @@ smallest; a cell the base refuses for non-finite values is benched again with th
 that message names (DOMAIN_FIXES: `--input k=l2norm --input q=l2norm` where the op takes q and k,
 then `--input a=l2norm --input b=neg:a` where it takes a and b).
 
-A full survey of FLA's 24 ops does not fit one session's device time: FLALOOP_SURVEY_OPS (a comma
-list) picks the ops of this run, and the rows are written as they come (OUT/survey/rows.jsonl), so
-a run cut short keeps what it measured."""
+FLALOOP_SURVEY_OPS (a comma list) picks the ops of a run, FLALOOP_SURVEY_LANES how many run at once
+(FLA's 20 ops at `bc3b101d` took 823 s in 6 lanes on one H200, 2026-12-02), and the rows are written as
+they come (OUT/survey/rows.jsonl), so a run cut short keeps what it measured."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def survey_op(ctx: Ctx, repo: Path, op: str, env: dict, d: Path) -> dict:
         row["wall_s"] += wall
         why, crashed = _answer(d / f"bench-{op}-{attempt}", doc, code)
         cells = _cells(doc)
-        row["cells"], row["exit"], row["served"] = cells, code, served_backends(doc)
+        row["cells"], row["exit"], row["served"], row["contention"] = cells, code, served_backends(doc), _contention(doc)
         domain = [c for c in cells if "outside the op's domain" in c["reason"]]
         if domain and attempt < len(fixes):
             extra = extra + fixes[attempt]  # the kind of fix that message names, the next one
@@ -121,9 +121,13 @@ def survey_op(ctx: Ctx, repo: Path, op: str, env: dict, d: Path) -> dict:
 def _cells(doc: dict | None) -> list[dict]:
     return [{"id": c["cell"]["id"], "verdict": c.get("verdict"), "status": c.get("status"),
              "reason": (c.get("reason") or "")[:300],
-             "contention": (((doc or {}).get("env") or {}).get("contention") or {}).get("state"),
              **({k: c["estimate"].get(k) for k in ("speedup", "ci_low", "ci_high")} if c.get("estimate") else {})}
             for c in (doc or {}).get("cells") or []]
+
+
+def _contention(doc: dict | None) -> str | None:
+    """The run's `env.contention` state: contended, exclusive, or unknown."""
+    return (((doc or {}).get("env") or {}).get("contention") or {}).get("state")
 
 
 def _judge(row: dict, code, cells: list[dict], why: str | None, crashed: bool) -> None:
@@ -148,7 +152,9 @@ def alone(ctx: Ctx, repo: Path, row: dict, env: dict, d: Path) -> dict:
     code, wall, doc = _bench(ctx, repo, op, env, d, f"{op}-alone")
     why, crashed = _answer(d / f"bench-{op}-alone", doc, code)
     row["lanes_cells"], row["lanes_wall_s"] = row["cells"], row["wall_s"]
-    row["cells"], row["exit"], row["alone_wall_s"], row["served"] = _cells(doc), code, wall, served_backends(doc)
+    row["lanes_contention"] = row.get("contention")
+    row["cells"], row["exit"], row["alone_wall_s"] = _cells(doc), code, wall
+    row["served"], row["contention"] = served_backends(doc), _contention(doc)
     row["wall_s"] += wall
     _judge(row, code, row["cells"], why, crashed)
     return row
@@ -161,7 +167,7 @@ def _md(rows: list[dict]) -> str:
         cells = "<br>".join(f"{c['id'].split('/')[-1]} {c['speedup']:.4f}x [{c['ci_low']:.4f}, {c['ci_high']:.4f}]"
                             if c.get("speedup") else f"{c['id'].split('/')[-1]} {c.get('verdict') or c.get('status')}"
                             for c in r["cells"]) or "-"
-        shared = any(c.get("contention") == "contended" for c in r["cells"])
+        shared = r.get("contention") == "contended"
         note = " ".join(x for x in (r.get("inputs") and f"needs `{r['inputs']}`", shared and "(contended)",
                                     r.get("why")) if x) or ""
         served = r.get("served") or {}

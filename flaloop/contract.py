@@ -310,8 +310,14 @@ def check_overrides(spec: OpSpec, overrides: dict[str, str]) -> None:
         raise UsageError(f"--input names {', '.join(unknown)}, not inputs of {spec.name}",
                          f"its inputs: {', '.join(inputs)}")
     order = list(inputs)
-    bad = [f"{n}={t}" for n, t in overrides.items() if t not in TRANSFORMS and not (
-        t.startswith(NEG) and (not spec.registry or (t[len(NEG):] in order and order.index(t[len(NEG):]) < order.index(n))))]
+
+    def known(name: str, transform: str) -> bool:
+        if not transform.startswith(NEG):
+            return transform in TRANSFORMS
+        other = transform[len(NEG):]  # minus an input built before this one (the worker builds in order)
+        return not spec.registry or (other in order and order.index(other) < order.index(name))
+
+    bad = [f"{n}={t}" for n, t in overrides.items() if not known(n, t)]
     if bad:
         raise UsageError(f"--input {', '.join(bad)}: unknown transform",
                          f"known: {', '.join(TRANSFORMS)}, or {NEG}OTHER (minus an input built before it"
