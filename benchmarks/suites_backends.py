@@ -3,19 +3,24 @@
 - `gluon`: fused_attnres with FLA's Gluon backend (`FLA_ATTNRES_GLUON=1` for every command, so the
   gate, the baseline and both sides of every bench run it): init, baseline, one iteration with an
   honest change to the Gluon kernel (a wider forward autotuning space), the report; then the same
-  tree Triton against Gluon (`bench --cand-env FLA_ATTNRES_GLUON=1`, the base on FLA's default
-  path). The summary says which backend served each side's calls (the setup records' `backends`).
+  tree Triton against Gluon (`bench --cand-env FLA_ATTNRES_GLUON=1`, the base with
+  `FLA_ATTNRES_GLUON=0`). The summary says which backend served each side's calls (the setup
+  records' `backends`).
 - `tilelang`: parallel_attn with FLA's TileLang backend (`FLA_TILELANG=1`): the same steps, the
   honest change a deeper software pipeline in the TileLang forward kernel. tilelang is not on the
   GPU machine's image and its wheels (tilelang, apache-tvm-ffi, torch-c-dlpack-ext: 53 MB; z3-solver:
   29 MB) do not fit one transfer beside `.fla` (64 MB a call), so they travel over two calls to the
   same warm machine (docs/BENCHMARKS.md says how); the suite refuses, saying so, where
-  `import tilelang` fails.
+  `import tilelang` fails. Once tilelang imports, FLA turns TileLang on by default on Hopper with
+  Triton >= 3.4, so the default path's side says `FLA_TILELANG=0`.
+- `backends`: both in one lease, their cold gates at once (`_prepare`), then each loop's measuring
+  with the GPU to itself, Gluon first; TileLang where it imports.
 
 FLA's code is never committed here: the suites edit copies of `.fla` under the work dir."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import shutil
 import subprocess
@@ -31,12 +36,15 @@ GLUON = {"op": "fused_attnres", "env": {"FLA_ATTNRES_GLUON": "1"}, "shape": "L8_
          # honest: the forward's autotuner may also pick 8 tokens a program (its smem prune still applies)
          "step": ("    for BT in [1, 2, 4]\n    for num_warps in [4, 8]\n]",
                   "    for BT in [1, 2, 4, 8]\n    for num_warps in [4, 8]\n]"),
-         "why": "let the Gluon forward's autotuner pick 8 tokens a program", "inputs": []}
+         "why": "let the Gluon forward's autotuner pick 8 tokens a program", "inputs": [], "bench": []}
 TILELANG = {"op": "parallel_attn", "env": {"FLA_TILELANG": "1"}, "shape": "B8_T1024_H8_D64",
             "file": "fla/ops/common/backends/tilelang/parallel_attn_fwd.py", "backend": "tilelang",
             # honest: three stages of the K/V pipeline instead of two where no sliding window is used
             "step": ("        num_stages=1 if USE_WINDOW else 2,\n", "        num_stages=1 if USE_WINDOW else 3,\n"),
-            "why": "pipeline the TileLang forward's K/V loads three deep", "inputs": []}
+            "why": "pipeline the TileLang forward's K/V loads three deep", "inputs": [],
+            # B, the heads and the head dims are compile-time constants of FLA's TileLang kernels: each
+            # unseen shape is a fresh TileLang compile per kernel, so two of them, not the default four
+            "bench": ["--unseen-shapes", "2"]}
 PAIRS = ["--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "12"]
 
 
@@ -48,20 +56,39 @@ def _loop_record(repo: Path, op: str, doc: dict | None) -> dict | None:
     return json.loads(path.read_text()) if path and path.is_file() else None
 
 
-def _backend_loop(ctx: Ctx, spec: dict, name: str) -> None:
+def _prepare(ctx: Ctx, spec: dict, name: str, lines: list[str]) -> Path | None:
+    """A copy of FLA with the op's contract and a green gate recorded, or None (the reason in `lines`).
+
+    The gate here is the one `baseline` would run: recorded green for this tree state, contract and
+    environment, `baseline` reuses it. Run first, and for both backends at once (`suite_backends`), it
+    keeps a cold gate's compiling (mostly CPU) off the time the benches have the GPU to themselves."""
     repo = fla_copy(ctx, name)
     subprocess.run(["git", "checkout", "-q", "-b", "flaloop-scratch"], cwd=repo, check=False)
     op, d = spec["op"], ctx.out / name
     env = ctx.env(gpus=ctx.gpus[:1], **spec["env"])
-    plain = ctx.env(gpus=ctx.gpus[:1])
-    lines: list[str] = []
     code, wall, _ = run(ctx, ["init", op, "--repo", str(repo), "--force", "--target", "1.02x", "--modes", "fwd,fwdbwd",
                               "--shapes", spec["shape"], *spec["inputs"]], d / "init", env=env)
     lines.append(f"init: exit {code} in {wall:.1f}s")
     if code != 0:
-        write(d / "summary.txt", "\n".join(lines) + "\n")
-        return
-    code, wall, doc = run(ctx, ["baseline", op, "--repo", str(repo), "--json", *PAIRS], d / "baseline", env=env)
+        return None
+    code, wall, doc = run(ctx, ["gate", op, "--repo", str(repo), "--json"], d / "gate", env=env)
+    n = (doc or {}).get("counts") or {}
+    red = "; ".join(f"{f.get('kind')}: {str(f.get('message'))[:300]}" for f in (doc or {}).get("findings") or [])
+    lines.append(f"gate (empty caches): exit {code} in {wall:.1f}s; green {(doc or {}).get('green')}; passed "
+                 f"{n.get('passed')}, failed {n.get('failed')}, skipped {n.get('skipped')} of {n.get('selected')}, "
+                 f"pytest {n.get('time_s')}s" + (f"; {red}" if red else ""))
+    return repo if code == 0 else None
+
+
+def _loop(ctx: Ctx, spec: dict, name: str, repo: Path, lines: list[str]) -> None:
+    """baseline, one honest iteration, the report; then the backend against FLA's default path."""
+    op, d = spec["op"], ctx.out / name
+    env = ctx.env(gpus=ctx.gpus[:1], **spec["env"])
+    # the base side with the backend switched off by its own variable, not by its absence: FLA turns some
+    # backends on by default where they are installed (TileLang on Hopper with Triton >= 3.4)
+    off = ctx.env(gpus=ctx.gpus[:1], **{k: "0" for k in spec["env"]})
+    pairs = [*PAIRS, *spec["bench"]]
+    code, wall, doc = run(ctx, ["baseline", op, "--repo", str(repo), "--json", *pairs], d / "baseline", env=env)
     lines.append(f"baseline: exit {code} in {wall:.1f}s; served {served_backends(_loop_record(repo, op, doc))}")
     p = repo / spec["file"]
     src = p.read_text()
@@ -69,7 +96,7 @@ def _backend_loop(ctx: Ctx, spec: dict, name: str) -> None:
         lines.append(f"iter: cannot make the change ({spec['file']} changed)")
     else:
         p.write_text(src.replace(*spec["step"]))
-        code, wall, doc = run(ctx, ["iter", op, spec["why"], "--repo", str(repo), "--json", *PAIRS], d / "iter", env=env)
+        code, wall, doc = run(ctx, ["iter", op, spec["why"], "--repo", str(repo), "--json", *pairs], d / "iter", env=env)
         it = (doc or {}).get("iteration") or {}
         served = served_backends(_loop_record(repo, op, doc))
         lines.append(f"iter: exit {code} in {wall:.1f}s: {it.get('status')}; served {served}")
@@ -83,15 +110,40 @@ def _backend_loop(ctx: Ctx, spec: dict, name: str) -> None:
         shutil.copy(log, d / "OPT_LOG.md")
     # backend against backend: the same tree, FLA's default path against the backend (item 4)
     code, wall, doc = run(ctx, ["bench", op, "--repo", str(repo), "--base", "HEAD", "--json",
-                                "--cand-env", *[f"{k}={v}" for k, v in spec["env"].items()], *PAIRS],
-                          d / "cand-env", env=plain)
+                                "--cand-env", *[f"{k}={v}" for k, v in spec["env"].items()], *pairs],
+                          d / "cand-env", env=off)
     served = served_backends(doc)
-    lines.append(f"--cand-env {spec['env']}: exit {code} in {wall:.1f}s; served {served}; verdicts "
+    lines.append(f"--cand-env {spec['env']} (base {', '.join(f'{k}=0' for k in spec['env'])}): exit {code} in "
+                 f"{wall:.1f}s; served {served}; verdicts "
                  f"{[(c['cell']['id'], c.get('verdict'), (c.get('estimate') or {}).get('speedup')) for c in (doc or {}).get('cells') or []]}")
     goal(f"{name} against the default path", spec["backend"] in served["cand"] and spec["backend"] not in served["base"],
          f"served {served}")
-    write(d / "summary.txt", "\n".join(lines) + "\n")
+
+
+def _finish(ctx: Ctx, name: str, lines: list[str]) -> None:
+    write(ctx.out / name / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _backend_loop(ctx: Ctx, spec: dict, name: str) -> None:
+    lines: list[str] = []
+    repo = _prepare(ctx, spec, name, lines)
+    if repo is not None:
+        _loop(ctx, spec, name, repo, lines)
+    _finish(ctx, name, lines)
+
+
+def _tilelang_missing(ctx: Ctx) -> str | None:
+    """Why tilelang cannot be imported here (its wheels not staged), or None."""
+    probe = subprocess.run([sys.executable, "-c", "import tilelang; print(tilelang.__version__)"],
+                           capture_output=True, text=True, env=ctx.env())
+    if probe.returncode == 0:
+        say(f"tilelang {probe.stdout.strip()}")
+        return None
+    tail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+    say(f"tilelang: not importable here ({tail}); stage its wheels first (docs/BENCHMARKS.md)")
+    goal("tilelang loop", False, f"tilelang is not importable: {tail}")
+    return tail
 
 
 def suite_gluon(ctx: Ctx) -> None:
@@ -99,12 +151,19 @@ def suite_gluon(ctx: Ctx) -> None:
 
 
 def suite_tilelang(ctx: Ctx) -> None:
-    probe = subprocess.run([sys.executable, "-c", "import tilelang; print(tilelang.__version__)"],
-                           capture_output=True, text=True, env=ctx.env())
-    if probe.returncode != 0:
-        tail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-        say(f"tilelang: not importable here ({tail}); stage its wheels first (docs/BENCHMARKS.md)")
-        goal("tilelang loop", False, f"tilelang is not importable: {tail}")
-        return
-    say(f"tilelang {probe.stdout.strip()}")
-    _backend_loop(ctx, TILELANG, "tilelang")
+    if _tilelang_missing(ctx) is None:
+        _backend_loop(ctx, TILELANG, "tilelang")
+
+
+def suite_backends(ctx: Ctx) -> None:
+    """Both loops in one lease: the two cold gates at once (compiling, mostly on the CPU), then each
+    loop's measuring alone on the GPU, Gluon first; TileLang only where it can be imported."""
+    specs = {"gluon": GLUON} if _tilelang_missing(ctx) else {"gluon": GLUON, "tilelang": TILELANG}
+    lines: dict[str, list[str]] = {name: [] for name in specs}
+    with cf.ThreadPoolExecutor(len(specs)) as pool:
+        prepared = {name: pool.submit(_prepare, ctx, spec, name, lines[name]) for name, spec in specs.items()}
+        repos = {name: f.result() for name, f in prepared.items()}
+    for name, spec in specs.items():
+        if repos[name] is not None:
+            _loop(ctx, spec, name, repos[name], lines[name])
+        _finish(ctx, name, lines[name])
