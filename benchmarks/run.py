@@ -136,8 +136,10 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # issue 24: FLA's TileLang backend of parallel_attn the same way; its wheels staged first
          # (benchmarks/stage_wheels.sh says how: two transfers to the same warm machine)
          "h200-tilelang": [[["machine", "tilelang"]]],
-         # issue 24: both in one session's device time, tilelang's wheels staged first (stage_wheels.sh)
-         "h200-backends": [[["machine", "backends"]]],
+         # issue 24: both in one session's device time, tilelang's wheels staged first (stage_wheels.sh); then,
+         # while the deadline allows, the survey (FLALOOP_SURVEY_OPS: the gated ops, whose backward FLA serves
+         # with TileLang once it imports, say)
+         "h200-backends": [[["machine", "backends", "survey"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

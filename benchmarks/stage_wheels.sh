@@ -10,7 +10,8 @@
 #   run 2, carry [".whl/b", ".fla"], at once (the machine is kept 30 s idle):
 #       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #         --target /tmp/site .whl/b/*.whl && PYTHONPATH=/tmp/site python3 benchmarks/run.py \
-#         h200-tilelang --background --deadline 1200 && python3 benchmarks/run.py wait 540
+#         h200-backends --background --deadline 1400 && python3 benchmarks/run.py wait 540
+#   (h200-backends: the Gluon and the TileLang loop in one lease; h200-tilelang: TileLang alone)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .git/info
