@@ -355,6 +355,81 @@ def make_toy_repo(dest: Path) -> Path:
     return commit_all(dest)
 
 
+# The toy op dispatched through a backend registry shaped like FLA's `fla.ops.backends` (per operation
+# a registry, backends tried in order with a verifier, the op's own code when none takes the call,
+# `_logged` keys of what served): tests/test_backends.py and test_unseen.py.
+TOY_DISPATCH = '''"""A backend registry in the shape of FLA's fla.ops.backends (written for this test)."""
+import os
+
+
+class BackendRegistry:
+    _registries = {}
+
+    def __init__(self, operation):
+        self._backends, self._logged = {}, set()
+        BackendRegistry._registries[operation] = self
+
+    def register(self, backend):
+        self._backends[backend.backend_type] = backend
+
+
+def dispatch(operation):
+    def decorator(func):
+        def wrapper(*args, **kwargs):
+            registry = BackendRegistry._registries.get(operation)
+            for be in (registry._backends.values() if registry else ()):
+                if be.env_var and os.environ.get(be.env_var, "1") == "0":
+                    continue
+                key = f"{operation}:{func.__name__}:{be.backend_type}"
+                if not be.verify(*args, **kwargs):
+                    registry._logged.add(key + ":fail")
+                    continue
+                registry._logged.add(key)
+                return getattr(be, func.__name__)(*args, **kwargs)
+            return func(*args, **kwargs)
+        return wrapper
+    return decorator
+'''
+
+TOY_BLOCKED = '''import torch
+
+from toyop.ops.dispatch import BackendRegistry
+
+registry = BackendRegistry("toy")
+
+
+class Blocked:
+    """The same attention, one query block at a time."""
+    backend_type, env_var = "blocked", "TOY_BLOCKED"
+
+    def verify(self, q, k, v, scale=None, cu_seqlens=None):
+        return {verify}
+
+    def toy_attn(self, q, k, v, scale=None, cu_seqlens=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        s = torch.einsum('bthd,bshd->bhts', q.float(), k.float()) * scale
+        o = torch.einsum('bhts,bshd->bthd', s.tril(), v.float())
+        return o.to(q.dtype), None
+
+
+registry.register(Blocked())
+'''
+
+
+
+def make_dispatched_repo(dest: Path, verify: str) -> Path:
+    """The toy repo with `toy_attn` dispatched to the `blocked` backend (switched by TOY_BLOCKED) where
+    `verify`, an expression over q, k and v, holds; committed."""
+    repo = make_toy_repo(dest)
+    (repo / "toyop" / "ops" / "dispatch.py").write_text(TOY_DISPATCH)
+    (repo / "toyop" / "ops" / "toy" / "blocked.py").write_text(TOY_BLOCKED.replace("{verify}", verify))
+    fast = repo / "toyop" / "ops" / "toy" / "fast.py"
+    edit(fast, "import torch\n", "import torch\n\nfrom toyop.ops.dispatch import dispatch\n"
+                                 "from toyop.ops.toy import blocked  # noqa: F401 - registers the backend\n")
+    edit(fast, "def toy_attn(", "@dispatch(\"toy\")\ndef toy_attn(")
+    return commit_all(repo)
+
+
 @pytest.fixture(scope="session")
 def prepared_toy(tmp_path_factory) -> Path:
     repo = make_toy_repo(tmp_path_factory.mktemp("toy") / "toy")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import commit_all, edit, flaloop, fresh_copy, make_toy_repo
+from conftest import edit, flaloop, fresh_copy, make_dispatched_repo
 
 from flaloop.guard.dynamic import backend_differences
 
@@ -19,74 +19,10 @@ OP = "toy_attn"
 QUICK = ["--device", "cpu", "--modes", "fwd", "--min-pairs", "4", "--max-pairs", "6", "--rounds", "1",
          "--cell-seconds", "20", "--unseen-shapes", "0", "--json"]
 
-DISPATCH = '''"""A backend registry in the shape of FLA's fla.ops.backends (written for this test)."""
-import os
-
-
-class BackendRegistry:
-    _registries = {}
-
-    def __init__(self, operation):
-        self._backends, self._logged = {}, set()
-        BackendRegistry._registries[operation] = self
-
-    def register(self, backend):
-        self._backends[backend.backend_type] = backend
-
-
-def dispatch(operation):
-    def decorator(func):
-        def wrapper(*args, **kwargs):
-            registry = BackendRegistry._registries.get(operation)
-            for be in (registry._backends.values() if registry else ()):
-                if be.env_var and os.environ.get(be.env_var, "1") == "0":
-                    continue
-                key = f"{operation}:{func.__name__}:{be.backend_type}"
-                if not be.verify(*args, **kwargs):
-                    registry._logged.add(key + ":fail")
-                    continue
-                registry._logged.add(key)
-                return getattr(be, func.__name__)(*args, **kwargs)
-            return func(*args, **kwargs)
-        return wrapper
-    return decorator
-'''
-
-BLOCKED = '''import torch
-
-from toyop.ops.dispatch import BackendRegistry
-
-registry = BackendRegistry("toy")
-
-
-class Blocked:
-    """The same attention, one query block at a time."""
-    backend_type, env_var = "blocked", "TOY_BLOCKED"
-
-    def verify(self, q, k, v, scale=None, cu_seqlens=None):
-        return q.shape[-1] <= 64
-
-    def toy_attn(self, q, k, v, scale=None, cu_seqlens=None):
-        scale = q.shape[-1] ** -0.5 if scale is None else scale
-        s = torch.einsum('bthd,bshd->bhts', q.float(), k.float()) * scale
-        o = torch.einsum('bhts,bshd->bthd', s.tril(), v.float())
-        return o.to(q.dtype), None
-
-
-registry.register(Blocked())
-'''
-
 
 @pytest.fixture(scope="module")
 def dispatched(tmp_path_factory):
-    repo = make_toy_repo(tmp_path_factory.mktemp("backends") / "toy")
-    (repo / "toyop" / "ops" / "dispatch.py").write_text(DISPATCH)
-    (repo / "toyop" / "ops" / "toy" / "blocked.py").write_text(BLOCKED)
-    fast = repo / "toyop" / "ops" / "toy" / "fast.py"
-    edit(fast, "import torch\n", "import torch\n\nfrom toyop.ops.dispatch import dispatch\n"
-                                 "from toyop.ops.toy import blocked  # noqa: F401 - registers the backend\n")
-    edit(fast, "def toy_attn(", "@dispatch(\"toy\")\ndef toy_attn(")
-    commit_all(repo)
+    repo = make_dispatched_repo(tmp_path_factory.mktemp("backends") / "toy", "q.shape[-1] <= 64")
     r = flaloop(repo, "init", OP, "--shapes", "B2_T64_H2_D16", "--modes", "fwd")
     assert r.code == 0, r.stderr
     return repo

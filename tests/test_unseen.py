@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import OP, edit, flaloop
+from conftest import OP, edit, flaloop, make_dispatched_repo
 from rich.console import Console
 from test_session import CELLS, FakeLauncher, Script
 
@@ -22,7 +22,7 @@ from flaloop.bench import record as record_mod
 from flaloop.bench import unseen
 from flaloop.bench.model import BenchConfig, Cell, cli_args
 from flaloop.bench.session import Session
-from flaloop.cli.render import print_bench
+from flaloop.cli.render import print_bench, unseen_line
 from flaloop.errors import UsageError
 
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
@@ -110,6 +110,9 @@ def test_the_plan_says_when_it_is_off_and_the_option_is_declared_once():
     aa = unseen.plan(BenchConfig(aa=True), MINIFLA_SHAPES, cells, {})  # the baseline compiles them
     assert aa["off"] is None and aa["aa"] is True and aa["shapes"] == on["shapes"] and on["aa"] is False
     assert "quick A/A" in unseen.plan(BenchConfig(aa=True, signal=True), MINIFLA_SHAPES, cells, {})["off"]
+    # for a backend that takes only the cells' head dims: the same draw with D pinned to the cells' 32
+    assert len(on["on_path"]) == unseen.ON_PATH and all(x["shape"]["D"] == 32 for x in on["on_path"])
+    assert not {x["name"] for x in on["on_path"]} & {x["name"] for x in on["shapes"]}
     assert cli_args(BenchConfig(unseen_shapes=0, unseen_seed=3)) == ["--unseen-shapes", "0", "--unseen-seed", "3"]
     with pytest.raises(UsageError, match="--unseen-shapes -1"):
         BenchConfig(unseen_shapes=-1).check()
@@ -188,6 +191,61 @@ def test_an_aa_checks_the_shapes_base_against_base_and_a_difference_there_is_uns
     assert out.results[0].status != "blocked"
 
 
+class Dispatched(Script):
+    """FLA's Gluon AttnRes backend in miniature: it serves the cells and the unseen shapes whose name
+    ends in -D2048 (its verifier wants wide rows), FLA's Triton path (no backend: nothing logged) the rest."""
+
+    SNAP = {"attnres": {"registered": {"gluon": "FLA_ATTNRES_GLUON"}, "served": ["fused_attnres -> gluon"],
+                        "rejected": []}}
+    OFF = {"attnres": {"registered": {"gluon": "FLA_ATTNRES_GLUON"}, "served": [],
+                       "rejected": ["fused_attnres -> gluon"]}}
+
+    def answer(self, worker, cmd, payload):
+        reply = super().answer(worker, cmd, payload)
+        if cmd == "setup" and not (payload.get("cell") or {}).get("check_only"):
+            return {**reply, "backends": self.SNAP}
+        if cmd == "dump":
+            return {**reply, "backends": self.SNAP if str(payload.get("cell")).endswith("-D2048/" + payload["cell"].split("/")[-1])
+                    else self.OFF}
+        return reply
+
+
+def dispatched_session(tmp_path, on_path: list[str]):
+    shape = {"B": 1, "T": 8, "H": 1, "D": 4}
+    plan = {"n": 2, "seed": 0, "dtype": "bfloat16", "tol": 0.005, "modes": ["fwd", "fwdbwd"], "off": None,
+            "shapes": [{"name": n, "shape": shape, "seqlens": None} for n in ("L8-B1-T17-D24", "L8-B2-T63-D16")],
+            "on_path": [{"name": n, "shape": shape, "seqlens": None} for n in on_path]}
+    s = Session(op="op", cells=CELLS[:1], config=BenchConfig(device="cpu", probes=False, min_pairs=8, rounds=1),
+                trees={"base": tmp_path / "b", "cand": tmp_path / "c"}, launcher=FakeLauncher(Dispatched()),
+                run_dir=tmp_path / "run", unseen=plan)
+    return s.run()
+
+
+def test_shapes_a_backends_verifier_sends_elsewhere_are_followed_by_shapes_with_the_cells_head_dims(tmp_path):
+    out = dispatched_session(tmp_path, ["L8-B1-T7-D2048", "L8-B2-T33-D2048"])
+    u = out.unseen
+    assert [(x["name"], bool(x.get("on_path"))) for x in u["shapes"]] == [
+        ("L8-B1-T17-D24", False), ("L8-B2-T63-D16", False), ("L8-B1-T7-D2048", True), ("L8-B2-T33-D2048", True)]
+    assert u["on_path_because"] == ["attnres.fused_attnres -> gluon"] and "off_path" not in u
+    assert u["shapes"][0]["modes"]["fwd"]["served"] == {"base": [], "cand": []}
+    assert u["shapes"][2]["modes"]["fwdbwd"]["served"] == {"base": ["attnres.fused_attnres -> gluon"],
+                                                         "cand": ["attnres.fused_attnres -> gluon"]}
+    assert u["checked"] == 8 and not [f for f in out.run_findings if f.rule.startswith("unseen")]
+    assert out.results[0].status != "blocked"
+    assert "2 drawn with the cells' head dims, since attnres.fused_attnres -> gluon served none" in unseen_line(u)
+
+
+def test_when_no_unseen_shape_runs_the_cells_backend_the_record_and_a_warning_say_so(tmp_path):
+    out = dispatched_session(tmp_path, ["L8-B1-T7-D1024"])  # the verifier refuses these too
+    u = out.unseen
+    assert u["on_path_because"] == u["off_path"] == ["attnres.fused_attnres -> gluon"]
+    (f,) = [f for f in out.run_findings if f.rule == "unseen-off-path"]
+    assert not f.blocking and "attnres.fused_attnres -> gluon" in f.message and "other code than the code timed" in f.message
+    assert out.results[0].status != "blocked"  # nothing wrong was seen: only nothing relevant was checked
+    assert "none ran attnres.fused_attnres -> gluon, which the cells ran" in unseen_line(u)
+    assert dispatched_session(tmp_path / "none", []).unseen["off_path"] == ["attnres.fused_attnres -> gluon"]
+
+
 # -- the real CLI on minifla --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))
@@ -241,3 +299,36 @@ def test_a_wrong_result_cannot_be_allowed(repo):
     for rule in ("unseen-shape-differs", "differs-from-base"):
         r = flaloop(repo, "audit", OP, "--allow", rule, "--why", "the small shapes do not matter to us")
         assert r.code == 2 and "cannot be allowed" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+# -- a backend the unseen shapes miss, on the toy op through the real CLI ------------------------------
+
+TOY_SHAPES = {"B2_T64_H2_D16": {"B": 2, "T": 64, "H": 2, "D": 16},  # tests/conftest.py's toy registry
+              "B1_T128_H2_D32": {"B": 1, "T": 128, "H": 2, "D": 32}}
+
+
+@pytest.mark.parametrize("verify, covered", [("q.shape[-1] >= 32", True), ("q.shape[1] >= 64", False)],
+                         ids=["keyed-on-the-head-dim", "keyed-on-T"])
+def test_a_backend_that_declines_the_small_shapes_is_checked_on_the_cells_head_dims_or_said(tmp_path, verify, covered):
+    repo = make_dispatched_repo(tmp_path / "toy", verify)
+    cell = TOY_SHAPES["B1_T128_H2_D32"]
+    # a seed whose two shapes both have head dims below 32, so that the first draw misses the backend
+    seed = next(s for s in range(100) if all(x["shape"]["D"] < 32 for x in unseen.draw(
+        TOY_SHAPES, n=2, seed=s, avoid=[cell, *TOY_SHAPES.values()])))
+    assert flaloop(repo, "init", "toy_attn", "--shapes", "B1_T128_H2_D32", "--modes", "fwd").code == 0
+    r = flaloop(repo, "bench", "toy_attn", "--aa", "--json", "--device", "cpu", "--modes", "fwd", "--min-pairs", "6",
+                "--max-pairs", "6", "--rounds", "1", "--cell-seconds", "20", "--unseen-shapes", "2",
+                "--unseen-seed", str(seed))
+    assert r.code == 0, r.stderr[-3000:]
+    u = r.json["unseen"]
+    first, on_path = u["shapes"][:2], u["shapes"][2:]
+    assert all(v["served"] == {"base": [], "cand": []} for x in first for v in x["modes"].values())
+    assert u["on_path_because"] == ["toy.toy_attn -> blocked"]
+    assert len(on_path) == 2 and all(x["on_path"] and x["shape"]["D"] == 32 for x in on_path)
+    served = {k for x in on_path for v in x["modes"].values() for k in v["served"]["cand"]}
+    warnings = [f for f in r.json["guard"]["findings"] if f["rule"] == "unseen-off-path"]
+    if covered:
+        assert served == {"toy.toy_attn -> blocked"} and "off_path" not in u and not warnings
+    else:
+        assert served == set() and u["off_path"] == ["toy.toy_attn -> blocked"]
+        assert len(warnings) == 1 and not warnings[0]["blocking"]

@@ -21,6 +21,13 @@ sweep's node runs the same shapes) and covers every dimension the op's shape con
 - every value at most the largest the op's shape configs give that dimension;
 - with varlen, every second shape is a packed batch (B=1) of two or three tiny sequences.
 
+Where the target dispatches between backends (FLA's `fla.ops.backends`), a verifier may send the
+drawn shapes elsewhere than the cells (the Gluon AttnRes backend takes no head dim under 128
+bytes): the check would then compare code nobody times. The plan also holds `on_path`, the same
+draw with the head dims pinned to the cells' own (ON_PATH shapes); the warm-up checks them only when
+a backend that served a cell served none of the first shapes, and says so (`unseen-off-path`, a
+warning) if they miss it too.
+
 A drawn shape equal (over the op's dimensions) to a bench cell's or to any shape config of the op
 is drawn again, as is one drawn twice. The same seed, shape configs and cells give the same
 shapes: a fixed seed (BenchConfig.unseen_seed, default 0) lets the base's compiles of these shapes
@@ -47,6 +54,7 @@ SMALL = (1, 2, 3)  # B, H
 HEAD_DIMS = ("D", "K", "V", "DK", "DV")
 CORE = ("B", "T", "H", "D")  # what a worker's cell spec needs (bench/worker/inputs.CellSpec.check)
 MAX_TRIES = 200
+ON_PATH = 2  # shapes drawn with the cells' head dims, for when the first draw missed the cells' backends
 
 
 def _capped(pool: tuple[int, ...] | list[int], largest: int | None) -> list[int]:
@@ -151,6 +159,14 @@ def plan(cfg, shape_configs: dict[str, dict], cells: list, registry_entry: dict 
     if out["off"]:
         return out
     avoid = [dict(c.shape) for c in cells] + [dict(s) for s in shape_configs.values()]
+    constraints = entry.get("dim_constraints") or {}
     out["shapes"] = draw(shape_configs, n=cfg.unseen_shapes, seed=cfg.unseen_seed, avoid=avoid, varlen=cfg.varlen,
-                         constraints=entry.get("dim_constraints"))
+                         constraints=constraints)
+    # the same draw with the cells' own head dims: checked only where the cells' backends served none
+    # of the shapes above (a verifier that sends small head dims to another backend)
+    heads = {d: sorted({int(c.shape[d]) for c in cells if isinstance(c.shape.get(d), int)}) for d in HEAD_DIMS}
+    pinned = {d: v for d, v in heads.items() if v}
+    out["on_path"] = draw(shape_configs, n=min(ON_PATH, cfg.unseen_shapes), seed=cfg.unseen_seed,
+                          avoid=avoid + [x["shape"] for x in out["shapes"]], varlen=cfg.varlen,
+                          constraints={**constraints, **pinned}) if pinned else []
     return out

@@ -183,36 +183,70 @@ def check_unseen(s: Session) -> None:
     if set(s.workers) != {"base", "cand"} or any(w.dead for w in s.workers.values()):
         out["off"] = "no live warm-up pair left to check them"
         return
-    todo = [(shp, mode) for shp in plan.get("shapes") or [] for mode in out["modes"]]
-    found = []
+    found: list = []
     try:
-        for i, (shp, mode) in enumerate(todo):
-            if not out["shapes"] or out["shapes"][-1]["name"] != shp["name"]:
-                out["shapes"].append({**shp, "modes": {}})
-            cid = f"{shp['name']}/{mode}"
-            s.on_event("unseen", cell=cid, index=i, total=len(todo))
-            t1 = time.monotonic()
-            verdict, stop = _unseen_one(s, shp, mode, i)
-            verdict["seconds"] = round(time.monotonic() - t1, 3)
-            if out["aa"] and verdict["status"] == "differs":  # the base against itself: noise, not a wrong candidate
-                verdict.update(status="unstable", why="the base differs from itself: " + verdict["why"].split(": ", 1)[-1])
-            out["shapes"][-1]["modes"][mode] = verdict
-            status = verdict["status"]
-            out["checked"] += status in ("match", "differs", "unstable")
-            out["differ"] += status == "differs"
-            out["skipped"] += status == "skipped"
-            out["unstable"] += status == "unstable"
-            if status == "differs":
-                found.append(dynamic.finding("unseen-shape-differs", f"{cid} ({out['dtype']}): {verdict['why']}; "
-                                             f"a shape no bench cell or shape config uses (drawn with --unseen-seed "
-                                             f"{out['seed']}: the record's `unseen` holds it)", f"unseen {cid}"))
-            if stop:
-                out["stopped"] = stop
-                break
+        stop = _check_shapes(s, plan.get("shapes") or [], out, found)
+        missing = _off_path(s, out)
+        if missing and not stop and plan.get("on_path"):  # the cells' backends ran on none of them
+            out["on_path_because"] = missing
+            stop = _check_shapes(s, plan["on_path"], out, found, on_path=True)
+            missing = _off_path(s, out)
+        out["stopped"] = stop
+        if missing and not stop:
+            out["off_path"] = missing
+            found.append(dynamic.finding(
+                "unseen-off-path", f"the cells ran {', '.join(missing)}; no unseen shape did, so the check "
+                f"compared other code than the code timed", "unseen"))
     finally:
         out["seconds"] = round(time.monotonic() - t0, 3)
         s.broken = None  # the warm-up pair is closed next: a context these shapes broke measures nothing
         s._add_run_findings(found)  # never allowable: it is wrong
+
+
+def _check_shapes(s: Session, shapes: list[dict], out: dict, found: list, on_path: bool = False) -> str | None:
+    """Each of `shapes` in each mode, base against candidate, into `out` (the record's `unseen`)
+    and `found`; why the check had to stop, or None."""
+    todo = [(shp, mode) for shp in shapes for mode in out["modes"]]
+    first = sum(len(x["modes"]) for x in out["shapes"])  # dump files and progress continue the count
+    for i, (shp, mode) in enumerate(todo, start=first):
+        if not out["shapes"] or out["shapes"][-1]["name"] != shp["name"]:
+            out["shapes"].append({**shp, "modes": {}, **({"on_path": True} if on_path else {})})
+        cid = f"{shp['name']}/{mode}"
+        s.on_event("unseen", cell=cid, index=i, total=first + len(todo))
+        t1 = time.monotonic()
+        served: dict = {}
+        verdict, stop = _unseen_one(s, shp, mode, i, served)
+        verdict["seconds"] = round(time.monotonic() - t1, 3)
+        if served:
+            verdict["served"] = served
+        if out["aa"] and verdict["status"] == "differs":  # the base against itself: noise, not a wrong candidate
+            verdict.update(status="unstable", why="the base differs from itself: " + verdict["why"].split(": ", 1)[-1])
+        out["shapes"][-1]["modes"][mode] = verdict
+        status = verdict["status"]
+        out["checked"] += status in ("match", "differs", "unstable")
+        out["differ"] += status == "differs"
+        out["skipped"] += status == "skipped"
+        out["unstable"] += status == "unstable"
+        if status == "differs":
+            found.append(dynamic.finding("unseen-shape-differs", f"{cid} ({out['dtype']}): {verdict['why']}; "
+                                         f"a shape no bench cell or shape config uses (drawn with --unseen-seed "
+                                         f"{out['seed']}: the record's `unseen` holds it)", f"unseen {cid}"))
+        if stop:
+            return stop
+    return None
+
+
+def _off_path(s: Session, out: dict) -> list[str]:
+    """The backends ("op.func -> backend") that served a cell's calls on a side but none of that side's
+    checked unseen shapes: FLA's verifiers send a small shape elsewhere (the Gluon AttnRes backend takes
+    no head dim under 128 bytes), and the check then compares code nobody timed."""
+    missing: set[str] = set()
+    for side in ("base", "cand"):
+        cells = {k for r in s.results for k in dynamic.served_keys(((r.setup or {}).get(side) or {}).get("backends"))}
+        seen = {k for shp in out["shapes"] for v in shp["modes"].values()
+                if v.get("status") in ("match", "differs", "unstable") for k in (v.get("served") or {}).get(side, [])}
+        missing |= cells - seen
+    return sorted(missing)
 
 
 def _worst(cmp_: dict) -> tuple[str, dict]:
@@ -230,12 +264,13 @@ def _worst(cmp_: dict) -> tuple[str, dict]:
     return name, t
 
 
-def _unseen_one(s: Session, shp: dict, mode: str, index: int) -> tuple[dict, str | None]:
+def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> tuple[dict, str | None]:
     """({status: match | differs | skipped, why, worst}, why the check must stop or None) of one
     (shape, mode). Both sides set up at once (inputs only: `check_only`) and dump their results
     at once (their one call each, side by side); the base then compares the candidate's dump with
     its own (no call, and nothing of the judging in the candidate's process). Files, not CUDA IPC:
-    the tensors are small, and both dumps must exist together."""
+    the tensors are small, and both dumps must exist together. `served` gets, per side, the
+    backends that served that one call (bench/worker/backends.served_within)."""
     from flaloop.bench.session import STICKY_CUDA  # (session imports this module)
 
     cell = Cell(shp["name"], dict(shp["shape"]), mode, s.unseen["dtype"], tuple(shp["seqlens"]) if shp.get("seqlens")
@@ -279,6 +314,7 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int) -> tuple[dict, str
         if isinstance(got, tuple):
             live = got[1] is None
             return got
+        served.update({side: dynamic.served_keys(got[side].get("backends")) for side in dumps})
         try:
             c = s.ask("base", "compare", s.cfg.worker_timeout, cell=cell.id, ref=str(dumps["base"]),
                       subject=str(dumps["cand"]), tol=s.cfg.diff_tol)

@@ -114,6 +114,12 @@ def unseen_line(u: dict | None) -> str | None:
              for mode, v in (shp.get("modes") or {}).items() if v.get("status") == "skipped"]
     if skips:
         text += f"; {len(skips)} skipped ({escape(skips[0][0])}: {escape(skips[0][1][:100])})"
+    if u.get("on_path_because"):
+        n = sum(1 for shp in u.get("shapes") or [] if shp.get("on_path"))
+        text += (f"; {n} drawn with the cells' head dims, since {escape(', '.join(u['on_path_because']))} served "
+                 f"none of the others")
+    if u.get("off_path"):
+        text += f"; [yellow]none ran {escape(', '.join(u['off_path']))}, which the cells ran[/]"
     if u.get("stopped"):
         text += f"; stopped early: {escape(u['stopped'])}"
     return f"[bold red]{text}[/]" if u.get("differ") else text

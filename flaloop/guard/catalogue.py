@@ -123,6 +123,12 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "1.10x on B8_T1024_H8_D64 while wrong on B1-T64-H2-D32).",
          "make the candidate agree with the base on every shape the base accepts; rerun with the record's "
          "--unseen-seed to reproduce the shape named, or add it to the gate's tests"),
+    Rule("unseen-off-path", WARN, "the shapes nobody times ran on another backend than the cells",
+         "FLA's backends take a call only where their verifier accepts it (the Gluon AttnRes backend no head "
+         "dim under 128 bytes); when every unseen shape, the ones drawn with the cells' own head dims too, "
+         "went to another backend (or to the op's own code), base and candidate were compared on code the "
+         "bench does not time, and a change to the timed backend was checked on the bench's cells alone.",
+         "add shapes the backend takes to the gate's tests, or name one in the contract's shapes"),
     Rule("timer-patched", BLOCK, "a function on the timing path was replaced in the candidate's process",
          "a patched timer fakes any speedup: a wrapped Event.elapsed_time read FASTER 1.25x on an H200 "
          "before this probe existed.",

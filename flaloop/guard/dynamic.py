@@ -56,6 +56,11 @@ def backend_differences(base: dict, cand: dict) -> list[tuple[str, set[str]]]:
     return lines
 
 
+def served_keys(snapshot: dict | None) -> list[str]:
+    """"op.func -> backend" for every call a backend served in a snapshot (bench/worker/backends.py)."""
+    return sorted(f"{op}.{s}" for op, snap in (snapshot or {}).items() for s in snap.get("served") or [])
+
+
 def backend_findings(cell: str, base: dict, cand: dict, cand_env: dict | None = None) -> list[Finding]:
     """What FLA's backend registries say served the calls differently on the two sides (snapshots
     after the same cell's setup, bench/worker/backends.py): blocking, unless the backends involved

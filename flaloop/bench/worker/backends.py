@@ -10,11 +10,13 @@ cell's setup is what served every call of this process so far, and the base's an
 taken after the same cells in the same order, are comparable. What it cannot see: a function that
 no backend took (the op's own code ran) leaves no key, which is why the registered backends are
 listed too. The two sides' snapshots are compared on the orchestrator's side
-(guard/dynamic.backend_differences).
+(guard/dynamic.backend_differences). `served_within` says what served the calls of one block
+alone (the warm-up's unseen shapes: did they run the backend the cells ran?).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 
@@ -56,3 +58,23 @@ def backend_snapshot() -> dict:
         if registered or served:
             out[op] = {'registered': registered, 'served': served, 'rejected': rejected}
     return out
+
+
+@contextlib.contextmanager
+def served_within():
+    """A snapshot, filled in on leaving the block, of what served (or rejected) the calls made inside
+    it alone. FLA logs each (function, backend) once a process, so the registries' logs are emptied
+    for the block and given back their earlier keys after it (the process-wide snapshot is unchanged)."""
+    saved = {}
+    for op, reg in _registries().items():
+        log = getattr(reg, '_logged', None)
+        if isinstance(log, set):
+            saved[op] = (log, set(log))
+            log.clear()
+    got: dict = {}
+    try:
+        yield got
+    finally:
+        got.update(backend_snapshot())
+        for log, keys in saved.values():
+            log.update(keys)

@@ -17,6 +17,7 @@ import traceback
 import torch
 
 from . import integrity, probes, timing
+from .backends import served_within
 from .cell import BuiltCell
 from .compare import compare_results, load_dump, open_shared, save_dump, share
 from .protocol import InitError, send, serve, short_error
@@ -266,18 +267,21 @@ class WorkerServer:
             raise ValueError('dump needs "path" (or "share": true on a GPU)')
         self._unshare()
         t0 = time.perf_counter()
-        res = self._results(cell, req)
+        with served_within() as served:  # which backend this call ran on (the unseen shapes' coverage)
+            res = self._results(cell, req)
         why = None
         if req.get('share'):
             try:
                 payload, desc = share(res)
                 self.shared = res
-                return {'cell': cell.id, 'shared': payload, **desc, 'seconds': time.perf_counter() - t0}
+                return {'cell': cell.id, 'shared': payload, **desc, 'backends': served,
+                        'seconds': time.perf_counter() - t0}
             except Exception as e:  # no IPC here (CPU tensors, an allocator without it): the file
                 why = short_error(e)
                 if not path:
                     raise
-        return {'cell': cell.id, **save_dump(res, path), 'share_error': why, 'seconds': time.perf_counter() - t0}
+        return {'cell': cell.id, **save_dump(res, path), 'share_error': why, 'backends': served,
+                'seconds': time.perf_counter() - t0}
 
     def cmd_compare(self, req: dict) -> dict:
         """Compare my results with the other side's "ref" (a dump file) or "shared" (IPC handles);
