@@ -11,6 +11,8 @@ Pure (no torch): the counts are arithmetic on the cell's shape, and the ceilings
 - flops: the dominant matmuls of FLA's chunked algorithm (chunk C = 64) per token and head:
   `kv` state products of 2*K*V each, `ck` / `cv` triangular C x C products of C*K / C*V each
   (causal half of 2*C*K). Softmax attention: L^2*D per causal matmul, 2 in fwd, 5 in bwd.
+  Attention over layers (AttnRes): 2*D per source and token for each length-D reduction, 3 in fwd,
+  5 in bwd; memory-bound by far.
 - floor_ms = max(bytes / bandwidth, flops / peak); % of floor = floor / measured.
 
 A new family: add a `Family` to FAMILIES, map its registry `category` in CATEGORIES (and a
@@ -36,7 +38,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "ceilings.py"
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "long": 8, "int64": 8, "int32": 4}
 # The shape helpers FLA's registry uses, as dimension letters; anything else is not modelled.
 SHAPE_FNS = {"shape_BTHD": "BTHD", "shape_BTH": "BTH", "shape_BTD": "BTD", "shape_H": "H",
-             "shape_HD": "HD", "shape_D": "D"}
+             "shape_HD": "HD", "shape_D": "D", "shape_LBTD": "LBTD"}
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,14 @@ class InputSpec:
 class Family:
     name: str
     title: str
-    fwd: Products | None                  # None: softmax attention (quadratic)
+    fwd: Products | None                  # the chunked algorithm's products; None for the other kinds
     bwd: Products | None
     inputs: tuple[InputSpec, ...]
     note: str = ""
+    kind: str = "chunk"                   # how cell_cost counts FLOPs: "chunk", "softmax" or "layers"
 
     def with_inputs(self, inputs: tuple[InputSpec, ...]) -> Family:
-        return Family(self.name, self.title, self.fwd, self.bwd, inputs, self.note)
+        return Family(self.name, self.title, self.fwd, self.bwd, inputs, self.note, self.kind)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,7 +86,11 @@ FAMILIES: dict[str, Family] = {
     "delta": Family("delta", "delta rule", Products(3, 3, 2), Products(8, 8, 5), _qkv(InputSpec("beta", "BTH"))),
     "gated_delta": Family("gated_delta", "gated delta rule", Products(3, 3, 2), Products(8, 8, 5),
                           _qkv(InputSpec("g", "BTH"), InputSpec("beta", "BTH"))),
-    "softmax": Family("softmax", "causal softmax attention", None, None, _qkv()),
+    "softmax": Family("softmax", "causal softmax attention", None, None, _qkv(), kind="softmax"),
+    # FLA's AttnRes: per token, a softmax over L residual sources (layers) of [B, T, D] each
+    "attnres": Family("attnres", "attention over layers (AttnRes)", None, None,
+                      (InputSpec("query", "D"), InputSpec("residuals", "LBTD"), InputSpec("rms_weight", "D")),
+                      kind="layers"),
 }
 
 # FLA's registry `category` -> family. A category not listed here has no model.
@@ -93,6 +100,7 @@ CATEGORIES = {
     "beta": "delta", "delta_rule": "delta",
     "gate_beta": "gated_delta", "gated_delta_rule": "gated_delta",
     "attn": "softmax", "flash_attn": "softmax", "softmax": "softmax",
+    "fused_attnres": "attnres", "naive_attnres": "attnres",
 }
 # Only for ops without a category (flaloop.toml ops, small registries): first match wins.
 NAME_PATTERNS = (
@@ -100,6 +108,7 @@ NAME_PATTERNS = (
     (r"delta", "delta"),
     (r"gla", "gla"),
     (r"retention|linear_attn|lightning", "linear"),
+    (r"attnres", "attnres"),
     (r"attn|attention", "softmax"),
 )
 
@@ -183,12 +192,17 @@ def cell_cost(family: Family, shape: dict, mode: str, dtype: str = "bfloat16",
     grads = sum(sizes[s.name] for s in family.inputs
                 if s.requires_grad and s.dtype in ("default", "float32", "bfloat16", "float16"))
     n_seq = len(lengths)
-    state = n_seq * H * K * V * 4 if states and family.fwd is not None else 0  # fp32 states
+    state = n_seq * H * K * V * 4 if states and family.kind == "chunk" else 0  # fp32 states
     fwd_bytes = inputs + out + 2 * state                     # read h0, write hT
     bwd_bytes = inputs + out + grads + 2 * state             # read inputs + dO (+ h0, dhT); write grads (+ dh0)
     nbytes = fwd_bytes + (bwd_bytes if mode == "fwdbwd" else 0)
 
-    if family.fwd is None:  # causal softmax attention
+    if family.kind == "layers":  # per source and token: length-D reductions of 2*D FLOPs each
+        L = int(shape["L"])
+        fwd_flops = 3 * 2 * L * tokens * H * D   # the rms norm, the logit, the weighted sum
+        bwd_flops = 5 * 2 * L * tokens * H * D   # the norm and logit again, dp, dv, dq and dw
+        detail = {"sources": L}
+    elif family.kind == "softmax":  # causal softmax attention
         sq = sum(n * n for n in lengths)
         fwd_flops = 2 * H * sq * D     # QK^T and PV, each L^2*D after the causal half
         bwd_flops = 5 * H * sq * D     # S recomputed, dV, dP, dQ, dK

@@ -110,6 +110,23 @@ def test_softmax_attention_is_quadratic_with_the_causal_half():
     assert c.bytes == 4 * x + (4 * x + 3 * x)
 
 
+def test_attention_over_layers_reads_every_source_once_and_is_memory_bound():
+    # FLA's fused_attnres at its registry shape L8_B1_T8K_D2K: query and rms_weight [D], 8 sources [B, T, D]
+    entry = {"name": "fused_attnres", "category": "fused_attnres",
+             "inputs": {"query": {"shape_fn": "shape_D"}, "residuals": {"shape_fn": "shape_LBTD"},
+                        "rms_weight": {"shape_fn": "shape_D"}}}
+    fam = family_for(entry)
+    assert [(s.name, s.dims) for s in fam.inputs] == [("query", "D"), ("residuals", "LBTD"), ("rms_weight", "D")]
+    L, n, d = 8, 8192, 2048
+    cell = {"L": L, "B": 1, "T": n, "H": 1, "D": d}
+    ins, out = (L * n * d + 2 * d) * BF16, n * d * BF16
+    c = cell_cost(fam, cell, "fwd")
+    assert c.bytes == ins + out and c.flops == 6 * L * n * d and c.detail["sources"] == L
+    c = cell_cost(fam, cell, "fwdbwd")
+    assert c.bytes == (ins + out) + (ins + out + ins) and c.flops == 16 * L * n * d
+    assert c.flops / c.bytes < 10  # far below the H200's ~190 FLOP/B ridge: the bandwidth floor binds
+
+
 def test_varlen_cells_count_each_sequence_and_its_partial_chunk():
     lens = [100, 28]  # chunks of 64+36 and 28: sum of c^2 = 64^2 + 36^2 + 28^2
     tri = 64 * 64 + 36 * 36 + 28 * 28
@@ -132,15 +149,17 @@ def test_family_choice_category_first_then_name():
     assert family_for({"name": "chunk_delta_rule", "category": "beta"}).name == "delta"
     assert family_for({"name": "flash_attn", "category": "flash_attn"}).name == "softmax"
     # a category outside the model has none, whatever the name says
-    assert family_for({"name": "fused_attnres", "category": "fused_attnres"}) is None
     assert family_for({"name": "chunk_rwkv7", "category": "rwkv"}) is None
+    assert family_for({"name": "my_attnres", "category": "mhc"}) is None
+    assert family_for({"name": "fused_attnres", "category": "fused_attnres"}).name == "attnres"
+    assert family_for({"name": "my_fused_attnres"}).name == "attnres"  # before the softmax pattern
     # no category: the name decides, most specific first
     assert family_for({"name": "my_chunk_gated_delta_rule"}).name == "gated_delta"
     assert family_for({"name": "chunk_linear_attn"}).name == "linear"
     assert family_for({"name": "toy_attn"}).name == "softmax"
     assert family_for({"name": "hgrn"}) is None
     # an unknown shape helper keeps the family's own inputs
-    fam = family_for({"name": "x", "category": "beta", "inputs": {"q": {"shape_fn": "shape_LBTD"}}})
+    fam = family_for({"name": "x", "category": "beta", "inputs": {"q": {"shape_fn": "shape_BTHS"}}})
     assert [s.name for s in fam.inputs] == ["q", "k", "v", "beta"]
 
 
