@@ -10,6 +10,9 @@ turns red when
   - a weakening variable (FLA_CI_ENV, SKIP_TEST_*, ...) is set inside the test process,
   - the target package was imported from somewhere other than the tree under test.
 Weakening variables in the caller's environment are removed before the run, and said so.
+Where several xdist workers shared the GPUs, a test whose failure is the GPU running out of
+memory runs again alone and counts by that answer (`_retry_out_of_memory`; the result's
+`oom_retry` says which and how they fared).
 
 The tree is run through a symlink in a neutral temp dir: FLA's conftest stops NaN-poisoning
 for any frame whose file path contains `tests/` or `test_`, so a checkout living under such a
@@ -23,10 +26,12 @@ cached per base commit, selection and interpreter.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -79,6 +84,7 @@ class PytestRun:
     workers: dict[str, str | None] = field(default_factory=dict)  # xdist worker -> CUDA_VISIBLE_DEVICES
     short_summary: list[str] = field(default_factory=list)  # pytest's `FAILED id - reason` lines
     log_tail: str = ""
+    crashes: dict[str, dict] = field(default_factory=dict)  # failed id -> {when, message} (pytest's one line)
 
     @property
     def ran(self) -> int:
@@ -102,6 +108,7 @@ class GateResult:
     wall_s: float
     key: str | None = None           # what a later identical gate would have to match (reuse_key)
     reused_from: str | None = None   # `started` of the recorded green gate this result reuses
+    oom_retry: dict | None = None    # tests out of GPU memory beside other workers, run again alone
 
     @property
     def signal_only(self) -> bool:
@@ -131,7 +138,7 @@ class GateResult:
             tree=d["tree"], base_commit=d["base_commit"],
             run=PytestRun(**{"outcomes": {}, **{k: v for k, v in run.items() if k in known_run}}) if run else None,
             baseline=d.get("baseline"), log_path=d.get("log_path"), started=d["started"], wall_s=d.get("wall_s", 0.0),
-            key=d.get("key"), reused_from=d.get("reused_from"))
+            key=d.get("key"), reused_from=d.get("reused_from"), oom_retry=d.get("oom_retry"))
 
 
 # -- environment --------------------------------------------------------------------------------
@@ -180,14 +187,16 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                package: str, watch: tuple[str, ...], log_path: Path,
                progress: Progress | None = None, timeout: float | None = None,
                collect_only: bool = False, workers: int = 0, gpus: list[str] | None = None,
-               cancel: threading.Event | None = None) -> PytestRun:
-    """Run the test file of `tree` via a neutral symlink; collect junit, events and the log."""
+               cancel: threading.Event | None = None, node_ids: list[str] | None = None) -> PytestRun:
+    """Run the test file of `tree` via a neutral symlink (or, with `node_ids`, those tests of it);
+    collect junit, events and the log."""
     tmp = git.neutral_tempdir("flaloop-gate-")
     try:
         link = tmp / "tree"
         os.symlink(tree, link)
         events, junit = tmp / "events.jsonl", tmp / "junit.xml"
-        cmd = [python, "-m", "pytest", str(link / test_rel), f"--rootdir={link}", "-p", "flaloop_gate_plugin",
+        targets = [str(link / i) for i in node_ids] if node_ids else [str(link / test_rel)]
+        cmd = [python, "-m", "pytest", *targets, f"--rootdir={link}", "-p", "flaloop_gate_plugin",
                "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit2", "-rfEs",
                "--color=no"]
         if k_expr:
@@ -197,7 +206,10 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
         elif workers:
             cmd += ["-n", str(workers)]
         pypath = [str(link), str(PLUGIN_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-        run_env = {**env, "PYTHONPATH": os.pathsep.join(pypath), "FLALOOP_GATE_EVENTS": str(events),
+        # an xdist worker's identity from a pytest that runs flaloop is not this pytest's: its own
+        # workers set their own, and a run without workers must not look like one
+        outer = {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST_")}
+        run_env = {**outer, "PYTHONPATH": os.pathsep.join(pypath), "FLALOOP_GATE_EVENTS": str(events),
                    "FLALOOP_GATE_PACKAGE": package, "FLALOOP_GATE_WATCH_ENV": ",".join(watch),
                    "PYTHONUNBUFFERED": "1", "FLALOOP_GATE_MARKER_SKIPS": "1" if collect_only else "0",
                    "FLALOOP_GATE_GPUS": ",".join(gpus or []),
@@ -226,6 +238,8 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
         collected_evs = [e for e in evs if e["event"] == "collected"]
         finish_evs = [e for e in evs if e["event"] == "finish"]
         outcomes = {e["id"]: e["outcome"] for e in evs if e["event"] == "result"}
+        crashes = {e["id"]: {"when": e.get("when"), "message": e.get("crash") or ""} for e in evs
+                   if e["event"] == "result" and e["outcome"] == "failed"}
         files = [str(tree / f[len(f"{link}/"):]) if f.startswith(f"{link}/") else f
                  for f in (e.get("package_file") for e in finish_evs + collected_evs) if f]
         outside = [f for f in files if not f.startswith(f"{tree}{os.sep}")]
@@ -234,7 +248,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
             env_inside.update(e.get("env", {}))
         first = collected_evs[0] if collected_evs else {}
         run = PytestRun(exit_code=proc.returncode, selected=first.get("ids", []), outcomes=outcomes,
-                        wall_s=wall, package_file=(outside or files or [None])[0], env_inside=env_inside,
+                        crashes=crashes, wall_s=wall, package_file=(outside or files or [None])[0], env_inside=env_inside,
                         marker_skips=first.get("marker_skips"),
                         workers={e["worker"]: e.get("cuda_visible_devices") for e in collected_evs if e.get("worker")})
         if junit.exists():
@@ -525,7 +539,7 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
     for f, diff in changed_frozen(target, contract):
         findings.append(RedReason("frozen-changed", f"frozen file {f.path} ({f.reason}) differs from the contract",
                                 diff))
-    run = base = None
+    run = base = oom_retry = None
     log_path = None
     if not findings:  # a frozen edit is red already; don't spend minutes of GPU on it
         target.require_test_file(contract.op, contract.test_file)
@@ -535,6 +549,8 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
         if workers and run.exit_code == 4 and "-n" in run.log_tail and "unrecognized" in run.log_tail:
             raise UsageError(f"--workers needs pytest-xdist in the target's Python ({target.python})",
                              "install pytest-xdist there, or drop --workers")
+        run, oom_retry = _retry_out_of_memory(target, contract, env, watch, log_path, run, progress, timeout, gpus,
+                                              cancel)
         if run.skipped > base["skipped"] and run.exit_code is not None and run.exit_code >= 0:
             # More skips than the base's markers declare: only a full run at the base can say
             # whether the base skipped them too (a test body may call pytest.skip itself).
@@ -544,12 +560,52 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
     result = GateResult(op=contract.op, test_file=contract.test_file, k_expr=k_expr, green=not findings,
                         findings=findings, stripped_env=stripped, tree=tree, base_commit=contract.base_commit,
                         run=run, baseline=base, log_path=str(log_path) if run else None, started=started,
-                        wall_s=time.monotonic() - t0, key=key)
+                        wall_s=time.monotonic() - t0, key=key, oom_retry=oom_retry)
     if record_last:
         record(target, result)
     if result.green:
         fsutil.atomic_write_json(_green_cache(target, contract.op, key), result.to_dict())
     return result
+
+
+# the GPU's out-of-memory error as torch, the CUDA driver and the runtime word it
+OUT_OF_MEMORY = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation")
+
+
+def _retry_out_of_memory(target: Target, contract: Contract, env: dict[str, str], watch: tuple[str, ...],
+                         log_path: Path, run: PytestRun, progress, timeout: float | None, gpus: list[str] | None,
+                         cancel: threading.Event | None) -> tuple[PytestRun, dict | None]:
+    """The run as it counts, and what was run again (or None).
+
+    The gate's xdist workers share each GPU's memory, and a test that needs much of it can run out
+    beside the others (FLA's test_attnres on one H200 while 16 workers of two gates shared it: 2 of
+    16 failed so, and all passed with the GPU to one gate). Every test whose failure is the GPU's
+    out-of-memory error runs again, one at a time with no worker beside it, and counts by that
+    answer; one that fails alone too stays failed, with its own message. Only where several workers
+    ran: a test alone already had what memory there was."""
+    ids = sorted(i for i, c in run.crashes.items() if OUT_OF_MEMORY.search(c.get("message") or ""))
+    if len(run.workers) < 2 or not ids or (cancel is not None and cancel.is_set()):
+        return run, None
+    again = run_pytest(target.python, target.root, contract.test_file, k_expr=None, env=env,
+                       package=contract.import_path.split(".")[0], watch=watch,
+                       log_path=log_path.with_name(log_path.stem + "-oom-alone.log"), progress=progress,
+                       timeout=timeout, workers=0, gpus=gpus, cancel=cancel, node_ids=ids)
+    passed = [i for i in ids if again.outcomes.get(i) == "passed"]
+    retry = {"ids": ids, "workers": len(run.workers), "passed_alone": passed,
+             "still_failing": {i: (again.crashes.get(i) or {}).get("message") or again.outcomes.get(i, "did not run")
+                               for i in ids if i not in passed},
+             "wall_s": round(again.wall_s, 3), "log": str(log_path.with_name(log_path.stem + "-oom-alone.log"))}
+    if not passed:
+        return run, retry
+    in_setup = sum(1 for i in passed if run.crashes[i].get("when") == "setup")  # pytest counts those as errors
+    failed, errors = run.failed - (len(passed) - in_setup), run.errors - in_setup
+    fixed = dataclasses.replace(
+        run, outcomes={**run.outcomes, **{i: "passed" for i in passed}},
+        crashes={i: c for i, c in run.crashes.items() if i not in passed},
+        passed=run.passed + len(passed), failed=failed, errors=errors,
+        exit_code=0 if run.exit_code == 1 and failed == errors == 0 else run.exit_code,
+        short_summary=[line for line in run.short_summary if not any(i in line for i in passed)])
+    return fixed, retry
 
 
 def _claim_log(gate_dir: Path, stamp: str) -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import OP, edit, flaloop
+from conftest import OP, commit_all, edit, flaloop, make_toy_repo
 
 from flaloop.gate import PytestRun, judge
 
@@ -219,3 +219,52 @@ def test_a_base_that_cannot_collect_stops_the_candidates_run(toy):
     r = flaloop(toy, "gate", "toy_attn")
     assert r.code == 2 and "could not collect" in r.stderr and "broken at the base" in r.stderr
     assert time.monotonic() - t0 < 60  # the candidate's two-minute test was stopped
+
+
+# -- tests that ran out of GPU memory beside the other workers ------------------------------------
+
+# As a test that needs most of a GPU's memory: enough for one such test at a time, so it runs out
+# whenever other xdist workers share the device (FLA's test_attnres on one H200 beside 15 other
+# workers); `always` runs out even alone.
+MEMORY_HUNGRY = '''
+
+import os
+
+
+@pytest.mark.parametrize('n', [0, 1, 'always'])
+def test_big(n):
+    if n == 'always' or int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) > 1:
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB (as a test beside others)')
+'''
+
+
+def test_tests_out_of_gpu_memory_beside_other_workers_run_again_alone_and_count_by_that(tmp_path):
+    repo = make_toy_repo(tmp_path / "toy")
+    (repo / "tests" / "ops" / "test_toy.py").write_text((repo / "tests" / "ops" / "test_toy.py").read_text()
+                                                       + MEMORY_HUNGRY)
+    commit_all(repo)
+    assert flaloop(repo, "init", "toy_attn", "--shapes", "B2_T64_H2_D16", "--modes", "fwd").code == 0
+    r, doc = gate(repo, "--workers", "3", op="toy_attn")
+    assert r.code == 1, r.stderr[-2000:]  # `always` fails alone too: red, in its own words
+    retry = doc["oom_retry"]
+    big = "tests/ops/test_toy.py::test_big"
+    assert retry["ids"] == [f"{big}[0]", f"{big}[1]", f"{big}[always]"] and retry["workers"] == 3
+    assert retry["passed_alone"] == [f"{big}[0]", f"{big}[1]"]
+    assert list(retry["still_failing"]) == [f"{big}[always]"]
+    assert "CUDA out of memory" in retry["still_failing"][f"{big}[always]"]
+    assert (doc["counts"]["passed"], doc["counts"]["failed"]) == (4, 1)
+    assert [f["kind"] for f in doc["findings"]] == ["pytest-exit"]
+    assert "test_big[always]" in doc["findings"][0]["detail"] and "test_big[0]" not in doc["findings"][0]["detail"]
+    human = flaloop(repo, "gate", "toy_attn", "--workers", "3", "--regate")
+    assert "3 test(s) ran out of GPU memory beside 2 other workers; run again alone, one at a time: 2 passed, " \
+           "1 still failing" in human.stdout
+    # without `always`, the gate is green: what ran out beside others passed with the GPU to itself
+    edit(repo / "tests" / "ops" / "test_toy.py", "[0, 1, 'always']", "[0, 1]")
+    commit_all(repo)
+    assert flaloop(repo, "init", "toy_attn", "--force", "--shapes", "B2_T64_H2_D16", "--modes", "fwd").code == 0
+    r, doc = gate(repo, "--workers", "3", op="toy_attn")
+    assert r.code == 0 and doc["green"], doc["findings"]
+    assert doc["oom_retry"]["passed_alone"] == [f"{big}[0]", f"{big}[1]"] and doc["counts"]["failed"] == 0
+    # one worker: nothing beside it to blame, so nothing is run again
+    r, doc = gate(repo, "--workers", "1", "--regate", op="toy_attn")
+    assert r.code == 0 and doc["oom_retry"] is None

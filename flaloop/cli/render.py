@@ -60,6 +60,13 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
         console.print(f"  {n.passed} passed, {n.failed} failed, {n.skipped} skipped, {n.errors} errors; "
                       f"{len(n.selected)} selected, {n.ran} ran; pytest exit {n.exit_code}; "
                       f"{n.junit_time:.1f}s in pytest, {r.wall_s:.1f}s wall")
+    if r.oom_retry:
+        o = r.oom_retry
+        console.print(f"  {len(o['ids'])} test(s) ran out of GPU memory beside {o['workers'] - 1} other workers; "
+                      f"run again alone, one at a time: {len(o['passed_alone'])} passed, "
+                      f"{len(o['still_failing'])} still failing ({o['wall_s']:.1f}s)")
+        for i, why in list(o["still_failing"].items())[:10]:
+            console.print(f"      {escape(i)}: {escape(str(why)[:200])}", markup=True)
     if r.baseline:
         how = {"collect": "collected, skip markers evaluated", "full": "full run"}.get(r.baseline.get("kind"), "")
         cached = ", cached" if r.baseline.get("cached") else ""

@@ -2,7 +2,7 @@
 
 It arms flaloop's lifeline (flaloop_lifeline.py, beside this file) in pytest and in every
 xdist worker, so none of them outlives flaloop. Otherwise it only observes: the selected test
-ids, each outcome (for progress), where the target package was imported from, and whether a
+ids, each outcome (for progress; a failure with its one-line message), where the target package was imported from, and whether a
 weakening variable got set inside the test process.
 Events go as JSON lines to the file named by FLALOOP_GATE_EVENTS.
 """
@@ -86,9 +86,18 @@ def pytest_collection_finish(session):
     _emit(event)
 
 
+def _crash(report) -> str:
+    """The failure's one-line message (pytest's reprcrash), for the gate to tell why a test failed."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    return str(getattr(crash, "message", "") or "")[:500]
+
+
 def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and not report.passed):
-        _emit({"event": "result", "id": report.nodeid, "outcome": report.outcome, "when": report.when})
+        event = {"event": "result", "id": report.nodeid, "outcome": report.outcome, "when": report.when}
+        if report.failed:
+            event["crash"] = _crash(report)
+        _emit(event)
 
 
 def pytest_sessionfinish(session, exitstatus):
