@@ -255,6 +255,9 @@ def test_tests_out_of_gpu_memory_beside_other_workers_run_again_alone_and_count_
     assert (doc["counts"]["passed"], doc["counts"]["failed"]) == (4, 1)
     assert [f["kind"] for f in doc["findings"]] == ["pytest-exit"]
     assert "test_big[always]" in doc["findings"][0]["detail"] and "test_big[0]" not in doc["findings"][0]["detail"]
+    # nothing was changed: the base itself is red here, and the gate says so
+    assert "at the base commit itself, unchanged: the op's own tests fail in this environment" in \
+        doc["findings"][0]["message"]
     human = flaloop(repo, "gate", "toy_attn", "--workers", "3", "--regate")
     assert "3 test(s) ran out of GPU memory beside 2 other workers; run again alone, one at a time: 2 passed, " \
            "1 still failing" in human.stdout
@@ -268,3 +271,8 @@ def test_tests_out_of_gpu_memory_beside_other_workers_run_again_alone_and_count_
     # one worker: nothing beside it to blame, so nothing is run again
     r, doc = gate(repo, "--workers", "1", "--regate", op="toy_attn")
     assert r.code == 0 and doc["oom_retry"] is None
+    # a change that fails the tests is the change's, not the base's
+    edit(repo / "toyop" / "ops" / "toy" / "fast.py", "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n",
+         "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n    q = q * 1.5\n")
+    r, doc = gate(repo, "--workers", "1", op="toy_attn")
+    assert r.code == 1 and "pytest-exit" in kinds(doc) and "at the base commit" not in doc["findings"][0]["message"]
