@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import edit, flaloop, fresh_copy, make_dispatched_repo
+from conftest import commit_all, edit, flaloop, fresh_copy, make_dispatched_repo
 
 from flaloop.guard.dynamic import backend_differences
 
@@ -81,3 +81,21 @@ def test_differences_name_the_variables_that_switch_the_backends_involved():
     gone = {"chunk": {**cand["chunk"], "registered": {"triton": None}}}
     lines = [line for line, _ in backend_differences(base, gone)]
     assert "chunk: backends registered base ['tilelang', 'triton'], candidate ['triton']" in lines
+
+
+def test_a_refusal_after_a_backend_declined_the_call_names_the_backend(tmp_path):
+    """FLA's simple GLA refuses its gated backward on Hopper "... or install tilelang" where tilelang
+    is installed and its verifier declined the call (fp32 state): the REFUSED cell says which backend
+    declined it first, and the record keeps the base's snapshot."""
+    repo = make_dispatched_repo(tmp_path / "toy", "q.shape[-1] <= 8")  # the cells' D16 is declined
+    edit(repo / "toyop" / "ops" / "toy" / "fast.py", "    scale = q.shape[-1] ** -0.5 if scale is None else scale\n",
+         "    if q.shape[-1] > 8:\n        raise RuntimeError('wrong above 8 here: install the blocked backend')\n"
+         "    scale = q.shape[-1] ** -0.5 if scale is None else scale\n")
+    commit_all(repo)
+    assert flaloop(repo, "init", OP, "--shapes", "B2_T64_H2_D16", "--modes", "fwd").code == 0
+    r, rec = bench(repo, "--aa")
+    (cell,) = rec["cells"]
+    assert cell["verdict"] == "REFUSED", r.stderr[-2000:]
+    assert "install the blocked backend" in cell["reason"]
+    assert "(the target's backends declined it first: toy.toy_attn -> blocked)" in cell["reason"]
+    assert cell["setup"]["base_backends"]["toy"]["rejected"] == ["toy_attn -> blocked"]

@@ -483,15 +483,22 @@ class Session:
 
     def fail(self, res: CellResult, side: str, reply: dict) -> None:
         error = str(reply.get("error", "unknown error"))
+        # a backend whose verifier declined the call before the error: an op that says "install X"
+        # where X is installed (FLA's TileLang declines simple GLA's fp32 state) reads otherwise with it
+        declined = dynamic.served_keys(reply.get("backends"), "rejected")
+        also = f" (the target's backends declined it first: {', '.join(declined)})" if declined else ""
+        if reply.get("backends"):
+            res.setup[f"{side}_backends"] = reply["backends"]
         if error.startswith("skip:"):
             res.status, res.reason = "skipped", error[5:].strip()
         elif reply.get("refused") and side == "base":  # the op itself, before any candidate ran
             res.status, res.reason = "refused", (
                 f"the op refuses this cell here: its own code raised {error} (at {reply.get('where')}) on the "
-                "base, so there is nothing to compare; leave the cell out (--modes, --shapes) or give it what it needs")
+                f"base{also}, so there is nothing to compare; leave the cell out (--modes, --shapes) or give it what "
+                "it needs")
             res.setup["base_traceback"] = reply.get("traceback", "")[-4000:]
         else:
-            res.status, res.reason = "failed", f"{side}: {error}"
+            res.status, res.reason = "failed", f"{side}: {error}{also}"
             res.setup[f"{side}_traceback"] = reply.get("traceback", "")[-4000:]
             if any(s in error for s in STICKY_CUDA):
                 self.broken = f"the {side} worker's CUDA context is broken ({error[:200]})"

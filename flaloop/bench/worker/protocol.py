@@ -21,6 +21,8 @@ import os
 import sys
 import traceback
 
+from .backends import backend_snapshot
+
 # Bound before the target is imported: the replies carry the times, so the encoder that writes
 # them is part of the timing path (integrity.py also watches the json modules).
 _dumps = json.dumps
@@ -108,6 +110,15 @@ def _exit_now() -> None:
     os._exit(0)
 
 
+def _backends() -> dict:
+    """What the target's backend registries served or declined up to a failure (a refusal that says
+    "install X" where X is installed and declined the call reads otherwise with this beside it)."""
+    try:
+        return backend_snapshot()
+    except Exception:
+        return {}
+
+
 def serve(worker, stdin, proto) -> int:
     """Answer requests until EOF or quit; `worker.handle(cmd, req)` does the work."""
     while True:
@@ -134,11 +145,12 @@ def serve(worker, stdin, proto) -> int:
         except Skip as e:
             reply = {'ok': False, 'skip': True, 'error': f'skip: {e}', 'traceback': traceback.format_exc()}
         except OpRefused as e:
-            reply = {'ok': False, 'refused': True, 'where': e.where, 'error': str(e), 'traceback': traceback.format_exc()}
+            reply = {'ok': False, 'refused': True, 'where': e.where, 'error': str(e), 'traceback': traceback.format_exc(),
+                     'backends': _backends()}
         except InitError as e:
             reply = {'ok': False, 'error': str(e), 'traceback': e.tb}
         except Exception as e:
-            reply = {'ok': False, 'error': short_error(e), 'traceback': traceback.format_exc()}
+            reply = {'ok': False, 'error': short_error(e), 'traceback': traceback.format_exc(), 'backends': _backends()}
             worker.log(f'[flaloop worker] {cmd!r} failed:\n{reply["traceback"]}')
             worker.after_error()
         reply['cmd'] = cmd
