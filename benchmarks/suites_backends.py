@@ -80,6 +80,9 @@ def _prepare(ctx: Ctx, spec: dict, name: str, lines: list[str]) -> Path | None:
     lines.append(f"gate (empty caches): exit {code} in {wall:.1f}s; green {(doc or {}).get('green')}; passed "
                  f"{n.get('passed')}, failed {n.get('failed')}, skipped {n.get('skipped')} of {n.get('selected')}, "
                  f"pytest {n.get('time_s')}s" + (f"; {red}" if red else ""))
+    if (doc or {}).get("oom_retry"):
+        o = doc["oom_retry"]
+        lines.append(f"  out of GPU memory beside other workers: {len(o['ids'])}, passed alone {len(o['passed_alone'])}")
     return repo if code == 0 else None
 
 
