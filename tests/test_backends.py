@@ -86,7 +86,7 @@ def test_differences_name_the_variables_that_switch_the_backends_involved():
 def test_a_refusal_after_a_backend_declined_the_call_names_the_backend(tmp_path):
     """FLA's simple GLA refuses its gated backward on Hopper "... or install tilelang" where tilelang
     is installed and its verifier declined the call (fp32 state): the REFUSED cell says which backend
-    declined it first, and the record keeps the base's snapshot."""
+    had declined, and the record keeps the base's snapshot."""
     repo = make_dispatched_repo(tmp_path / "toy", "q.shape[-1] <= 8")  # the cells' D16 is declined
     edit(repo / "toyop" / "ops" / "toy" / "fast.py", "    scale = q.shape[-1] ** -0.5 if scale is None else scale\n",
          "    if q.shape[-1] > 8:\n        raise RuntimeError('wrong above 8 here: install the blocked backend')\n"
@@ -97,5 +97,5 @@ def test_a_refusal_after_a_backend_declined_the_call_names_the_backend(tmp_path)
     (cell,) = rec["cells"]
     assert cell["verdict"] == "REFUSED", r.stderr[-2000:]
     assert "install the blocked backend" in cell["reason"]
-    assert "(the target's backends declined it first: toy.toy_attn -> blocked)" in cell["reason"]
+    assert "(the target's backends had declined: toy.toy_attn -> blocked)" in cell["reason"]
     assert cell["setup"]["base_backends"]["toy"]["rejected"] == ["toy_attn -> blocked"]
