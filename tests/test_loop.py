@@ -65,6 +65,21 @@ def slow_toy(tmp_path_factory) -> Path:
     return repo
 
 
+def test_a_bucket_earned_by_a_backend_switch_says_so_in_its_dispatch_row(slow_toy, tmp_path):
+    """Phase 3 with `--cand-env` (FLA_TILELANG=1 for a bucket, say): the same code with a path
+    switched on for the candidate only; the row records the variable, and no kept tree stands for it."""
+    repo = fresh_copy(slow_toy, tmp_path / "toy")
+    edit(repo / FAST, SLEEP, "    import os\n    if os.environ.get('TOY_PATH') != 'fast':\n"
+                             "        import time; time.sleep(0.005)\n    scale = q.shape")
+    r = fl(repo, "dispatch", "add", OP, "--when", "T<=64", "--entry", "toy_attn", "--why", "the fast path for short",
+           "--cand-env", "TOY_PATH=fast", "--json", *QUICK)
+    assert r.code == 0, r.stderr
+    row = r.json["row"]
+    assert row["cand_env"] == {"TOY_PATH": "fast"} and row["vs_base"]["verdict"] == "FASTER"
+    assert row["same_as_iter"] is None
+    assert "with TOY_PATH=fast" in (ws(repo) / "dispatch.md").read_text()
+
+
 def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_toy, tmp_path):
     repo = fresh_copy(slow_toy, tmp_path / "toy")
     base = git(repo, "rev-parse", "HEAD").strip()

@@ -436,7 +436,9 @@ def dispatch_cmd(
                               f"earn a row", f"the measurement is kept in {record.path}")
         best = rules.best(iters)
         cand = record.candidate
-        same = best.iter if best.status == "keep" and not cand.dirty and git.same_tree(
+        cand_env = dict(record.config.cand_env or {})
+        # a kept tree ran without the candidate's variables: its measurement is not this one
+        same = best.iter if best.status == "keep" and not cand.dirty and not cand_env and git.same_tree(
             target.root, cand.head or cand.commit, best.commit) else None
         rows = ws.dispatch_rows()
         row = DispatchRow(
@@ -444,7 +446,7 @@ def dispatch_cmd(
             shapes=shapes, vs_base=cmp, latency=[{"id": x["id"], "base_ms": x["base_ms"], "cand_ms": x["cand_ms"]}
                                                  for x in cmp["cells"]],
             tree={"head": cand.head, "dirty": cand.dirty, "diff_hash": cand.diff_hash},
-            after_iter=max(i.iter for i in iters), created=now_iso(), same_as_iter=same)
+            after_iter=max(i.iter for i in iters), created=now_iso(), same_as_iter=same, cand_env=cand_env)
         ws.save_dispatch(row)
         iteration.render(ws, c)
     if as_json:

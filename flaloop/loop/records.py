@@ -288,6 +288,8 @@ def dispatch_row(d: DispatchRow) -> list[str]:
     cand = geo_ms([x.get("cand_ms") for x in d.latency])
     tree = d.tree or {}
     measured = f"{(tree.get('head') or '')[:12]}{' + diff ' + str(tree.get('diff_hash')) if tree.get('dirty') else ''}"
+    if d.cand_env:
+        measured += " with " + " ".join(f"{k}={v}" for k, v in sorted(d.cand_env.items()))
     return [str(d.n), d.condition, d.entry, ", ".join(d.shapes), f"{fmt_ms(base)} -> {fmt_ms(cand)}",
             fmt_cmp(d.vs_base), d.why, f"{measured}, {d.created}"]
 

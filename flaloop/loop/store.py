@@ -115,6 +115,8 @@ class DispatchRow:
     # full-shape measurement already includes this dispatch.
     same_as_iter: int | None = None
     schema: int = SCHEMA
+    # the candidate's environment (--cand-env): a bucket earned by switching a backend on, not by code
+    cand_env: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
