@@ -13,8 +13,8 @@
 #       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #         --target /tmp/site .whl/a/*.whl && python3 benchmarks/run.py wait 480
 #   (as run on the H200 on 2026-12-02, docs/examples/h200-backends/; h200-tilelang runs TileLang alone.
-#   FLA's TileLang tests at bc3b101d need tilelang's nightly, which FLA's CI installs: with 0.1.15
-#   from PyPI nine of them fail at the base, so the TileLang loop cannot start on these wheels)
+#   FLA's CI installs tilelang's nightly; with 0.1.15 from PyPI nine of FLA's TileLang tests at
+#   bc3b101d fail at the base, so the TileLang loop cannot start on these wheels)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .git/info
