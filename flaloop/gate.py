@@ -599,15 +599,15 @@ def _retry_out_of_memory(target: Target, contract: Contract, env: dict[str, str]
     ids = sorted(i for i, c in run.crashes.items() if OUT_OF_MEMORY.search(c.get("message") or ""))
     if len(run.workers) < 2 or not ids or (cancel is not None and cancel.is_set()):
         return run, None
+    alone_log = log_path.with_name(log_path.stem + "-oom-alone.log")
     again = run_pytest(target.python, target.root, contract.test_file, k_expr=None, env=env,
-                       package=contract.import_path.split(".")[0], watch=watch,
-                       log_path=log_path.with_name(log_path.stem + "-oom-alone.log"), progress=progress,
-                       timeout=timeout, workers=0, gpus=gpus, cancel=cancel, node_ids=ids)
+                       package=contract.import_path.split(".")[0], watch=watch, log_path=alone_log,
+                       progress=progress, timeout=timeout, workers=0, gpus=gpus, cancel=cancel, node_ids=ids)
     passed = [i for i in ids if again.outcomes.get(i) == "passed"]
     retry = {"ids": ids, "workers": len(run.workers), "passed_alone": passed,
              "still_failing": {i: (again.crashes.get(i) or {}).get("message") or again.outcomes.get(i, "did not run")
                                for i in ids if i not in passed},
-             "wall_s": round(again.wall_s, 3), "log": str(log_path.with_name(log_path.stem + "-oom-alone.log"))}
+             "wall_s": round(again.wall_s, 3), "log": str(alone_log)}
     if not passed:
         return run, retry
     in_setup = sum(1 for i in passed if run.crashes[i].get("when") == "setup")  # pytest counts those as errors

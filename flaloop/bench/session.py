@@ -486,7 +486,7 @@ class Session:
         # the backends whose verifiers declined calls in that process up to the error (FLA logs each
         # once a process, so not only this call's): an op that says "install X" where X is installed
         # (FLA's TileLang declines simple GLA's fp32 state) reads otherwise with it
-        declined = dynamic.served_keys(reply.get("backends"), "rejected")
+        declined = dynamic.backend_keys(reply.get("backends"), "rejected")
         also = f" (the target's backends had declined: {', '.join(declined)})" if declined else ""
         if reply.get("backends"):
             res.setup[f"{side}_backends"] = reply["backends"]

@@ -200,7 +200,7 @@ def check_unseen(s: Session) -> None:
     finally:
         out["seconds"] = round(time.monotonic() - t0, 3)
         s.broken = None  # the warm-up pair is closed next: a context these shapes broke measures nothing
-        s._add_run_findings(found)  # never allowable: it is wrong
+        s._add_run_findings(found)  # unseen-shape-differs is never allowable: it is wrong
 
 
 def _check_shapes(s: Session, shapes: list[dict], out: dict, found: list, on_path: bool = False) -> str | None:
@@ -242,7 +242,7 @@ def _off_path(s: Session, out: dict) -> list[str]:
     no head dim under 128 bytes), and the check then compares code nobody timed."""
     missing: set[str] = set()
     for side in ("base", "cand"):
-        cells = {k for r in s.results for k in dynamic.served_keys(((r.setup or {}).get(side) or {}).get("backends"))}
+        cells = {k for r in s.results for k in dynamic.backend_keys(((r.setup or {}).get(side) or {}).get("backends"))}
         seen = {k for shp in out["shapes"] for v in shp["modes"].values()
                 if v.get("status") in ("match", "differs", "unstable") for k in (v.get("served") or {}).get(side, [])}
         missing |= cells - seen
@@ -314,7 +314,7 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> t
         if isinstance(got, tuple):
             live = got[1] is None
             return got
-        served.update({side: dynamic.served_keys(got[side].get("backends")) for side in dumps})
+        served.update({side: dynamic.backend_keys(got[side].get("backends")) for side in dumps})
         try:
             c = s.ask("base", "compare", s.cfg.worker_timeout, cell=cell.id, ref=str(dumps["base"]),
                       subject=str(dumps["cand"]), tol=s.cfg.diff_tol)

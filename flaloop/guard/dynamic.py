@@ -56,7 +56,7 @@ def backend_differences(base: dict, cand: dict) -> list[tuple[str, set[str]]]:
     return lines
 
 
-def served_keys(snapshot: dict | None, which: str = "served") -> list[str]:
+def backend_keys(snapshot: dict | None, which: str = "served") -> list[str]:
     """"op.func -> backend" for every call a backend served (or, with which="rejected", whose verifier
     declined it) in a snapshot (bench/worker/backends.py)."""
     return sorted(f"{op}.{s}" for op, snap in (snapshot or {}).items() for s in snap.get(which) or [])
