@@ -445,6 +445,28 @@ def test_each_l2_state_sets_the_cell_up_and_a_cold_sample_leaves_the_flush_out_o
         base.ok('release', cell=c)
 
 
+def test_a_cold_cells_flushes_are_held_to_its_sample_budget_like_its_calls(workers):
+    """k calls make a sample of sample_ms; in a cold cell each call also runs a flush, which on a CPU
+    costs far more than the toy call (a last-level cache of hundreds of MiB takes a tenth of a
+    second), so its k is the flush's, not the call's: a cell of 8 pairs once ran 400 s for it."""
+    import math
+
+    from flaloop.bench.worker import timing
+
+    base = workers('base')
+    flush = timing.L2Flush(torch.device('cpu'), None)
+    flush()
+    flush_ms = sorted(timing.cpu_time_ms(flush) for _ in range(3))[1]
+    sample_ms = 10.0
+    hot = base.ok('setup', cell=cell('hot10', l2='hot', sample_ms=sample_ms))
+    cold = base.ok('setup', cell=cell('cold10', l2='cold', sample_ms=sample_ms))
+    assert hot['k'] > cold['k'] >= 1, (hot['k'], cold['k'], flush_ms)
+    # the flush's time read in the worker and here may differ by a factor on a loaded CPU
+    assert cold['k'] <= max(1, math.ceil(2 * sample_ms / flush_ms)), (cold['k'], flush_ms)
+    for c in ('hot10', 'cold10'):
+        base.ok('release', cell=c)
+
+
 def test_set0_independent_of_n_sets_and_nonzero(workers, tmp_path):
     ident = workers('base', 'toy_ident')
     ident.ok('setup', cell=cell('one', seed=7))

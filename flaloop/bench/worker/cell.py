@@ -387,9 +387,24 @@ class BuiltCell:
         return (t1 - t0) * 1e3, (t2 - t0) * 1e3
 
     def _set_k(self, per_call_ms: float) -> None:
+        """k calls last `sample_ms`; in a cold cell its k flushes may not last longer than that
+        either. The flush is not timed but it is run: a CPU's last-level cache can take a thousand
+        calls to overwrite (0.2 s for the 480 MiB L3 a cloud VM lists), and the calls' k alone once
+        made a cold cell of `--cell-seconds 30` take 400 s. On a GPU the flush costs about a call
+        (81 us on the H200), so only calls shorter than that get a smaller k."""
         self.per_call_ms_estimate = per_call_ms
         k = math.ceil(self.sample_ms / max(per_call_ms, 1e-6))
+        if self.l2 == 'cold':
+            k = min(k, math.ceil(self.sample_ms / max(self._flush_estimate_ms(), 1e-6)))
         self.k = int(min(max(k, 1), MAX_K))
+
+    def _flush_estimate_ms(self) -> float:
+        """The median of three L2 flushes' times (the first also allocates the buffer)."""
+        if self.is_cuda:
+            times = [timing.cuda_time_ms(self.w.flush_l2)[0] for _ in range(3)]
+        else:
+            times = [timing.cpu_time_ms(self.w.flush_l2) for _ in range(3)]
+        return sorted(times)[1]
 
     def _estimate_per_call_ms(self) -> float:
         m = max(self.n_sets, 2)
