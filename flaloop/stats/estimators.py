@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from flaloop.stats.base import _scipy_stats, _special, _vector
+from flaloop.stats.base import _special, _vector
 
 EXACT_SIGNED_RANK_MAX_N = 400
 GRID_PER_PAIR = 2  # Walsh-sum thresholds per pair in the bootstrap HL search (speed only)
@@ -173,7 +173,7 @@ def _signed_rank_cdf(n: int) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def _sign_cdf(n: int) -> np.ndarray:
-    cdf = _scipy_stats().binom.cdf(np.arange(n + 1), n, 0.5)
+    cdf = _special().bdtr(np.arange(n + 1), n, 0.5)  # the binomial CDF
     cdf.flags.writeable = False
     return cdf
 

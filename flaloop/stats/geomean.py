@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flaloop.stats.base import _cells, _check_confidence, _Dict, _scipy_stats
+from flaloop.stats.base import _cells, _check_confidence, _Dict, _special
 from flaloop.stats.estimators import _estimator
 from flaloop.stats.intervals import _boot_and_jack, _interval, _rank_interval
 from flaloop.stats.verdicts import Verdict, holm_verdicts
@@ -43,16 +43,16 @@ def combined_interval(thetas: np.ndarray, bounds: list[tuple[float, float]], ns:
     """
     if any(not (math.isfinite(lo) and math.isfinite(hi)) for lo, hi in bounds):
         return -math.inf, math.inf, float(min(ns) - 1)
-    t = _scipy_stats().t
+    t_ppf = _special().stdtrit  # the Student t quantile: stdtrit(df, p)
     p = (1 + confidence) / 2
-    q = np.array([t.ppf(p, n - 1) for n in ns])
+    q = np.array([t_ppf(n - 1, p) for n in ns])
     s_lo = (thetas - np.array([b[0] for b in bounds])) / q
     s_hi = (np.array([b[1] for b in bounds]) - thetas) / q
     m = thetas.size
     s = (s_lo + s_hi) / 2
     den = float(np.sum(s ** 4 / (np.array(ns) - 1)))
     df = float(np.sum(s ** 2) ** 2 / den) if den > 0 else float(min(ns) - 1)
-    qq = float(t.ppf(p, df))
+    qq = float(t_ppf(df, p))
     center = float(thetas.mean())
     return (center - qq * math.sqrt(float(np.sum(s_lo ** 2))) / m,
             center + qq * math.sqrt(float(np.sum(s_hi ** 2))) / m, df)
