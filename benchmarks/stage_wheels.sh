@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheels FLA's TileLang backend needs on the GPU machine, whose image lacks them, in two parts
 # that each fit one transfer (64 MB a call) beside what that call carries: .whl/a (tilelang,
-# apache-tvm-ffi, torch-c-dlpack-ext: 53 MB) and .whl/b (z3-solver: 29 MB, with `.fla`'s 27 MB).
+# apache-tvm-ffi, torch-c-dlpack-ext: 53 MB with tilelang 0.1.15, 55 MB with 0.1.13) and .whl/b (z3-solver: 29 MB, with `.fla`'s 27 MB).
 # The image has tilelang's other needs (numpy, psutil, tqdm, ml-dtypes, cloudpickle).
 #
 #   bash benchmarks/stage_wheels.sh                       # here, once
@@ -12,9 +12,12 @@
 #   run 2, carry [".whl/a"], at once (the machine is kept 30 s idle):
 #       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #         --target /tmp/site .whl/a/*.whl && python3 benchmarks/run.py wait 480
-#   (as run on the H200 on 2026-12-02, docs/examples/h200-backends/; h200-tilelang runs TileLang alone.
-#   FLA's CI installs tilelang's nightly; with 0.1.15 from PyPI nine of FLA's TileLang tests at
-#   bc3b101d fail at the base, so the TileLang loop cannot start on these wheels)
+#   (as run on the H200 on 2026-12-02 with tilelang 0.1.15, docs/examples/h200-backends/; h200-tilelang
+#   runs TileLang alone.) FLA's CI installs tilelang's nightly. With 0.1.15 or 0.1.14 from PyPI, nine
+#   of FLA's TileLang tests at bc3b101d fail at the base (head dims 60 and 100, one sliding-window
+#   varlen case) and the gate refuses the loop; 0.1.13 lowers every kernel configuration those tests
+#   reach, on the CPU (benchmarks/tilelang_lowering.py), with the same dependencies. TILELANG picks
+#   the release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .git/info
@@ -27,6 +30,7 @@ fetch() {
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${platforms[@]}" -d "$dest" "$@"
 }
-fetch .whl/a tilelang==0.1.15 apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5
+rm -rf .whl/a  # one tilelang release at a time: run 2 installs every wheel it finds there
+fetch .whl/a "tilelang==${TILELANG:-0.1.13}" apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5
 fetch .whl/b z3-solver==4.15.4.0
 du -sh .whl/a .whl/b

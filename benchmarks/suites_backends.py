@@ -8,11 +8,14 @@
   records' `backends`).
 - `tilelang`: parallel_attn with FLA's TileLang backend (`FLA_TILELANG=1`): the same steps, the
   honest change a deeper software pipeline in the TileLang forward kernel. tilelang is not on the
-  GPU machine's image and its wheels (tilelang, apache-tvm-ffi, torch-c-dlpack-ext: 53 MB; z3-solver:
+  GPU machine's image and its wheels (tilelang, apache-tvm-ffi, torch-c-dlpack-ext: 55 MB; z3-solver:
   29 MB) do not fit one transfer beside `.fla` (64 MB a call), so they travel over two calls to the
-  same warm machine (docs/BENCHMARKS.md says how); the suite refuses, saying so, where
+  same warm machine (benchmarks/stage_wheels.sh says how); the suite refuses, saying so, where
   `import tilelang` fails. Once tilelang imports, FLA turns TileLang on by default on Hopper with
-  Triton >= 3.4, so the default path's side says `FLA_TILELANG=0`.
+  Triton >= 3.4, so the default path's side says `FLA_TILELANG=0`. tilelang 0.1.13 lowers one of
+  FLA's test kernels (sliding window, varlen, head dim 64) in 5 of 8 fresh processes on the CPU
+  (benchmarks/tilelang_lowering.py): a red gate at the base is run once more, and says so, since
+  tilelang's kernel cache keeps a lowering that succeeded.
 - `backends`: both in one lease, their cold gates at once (`_prepare`), then each loop's measuring
   with the GPU to itself, Gluon first; TileLang where it imports (FLALOOP_TILELANG_WAIT seconds
   allowed for its wheels to arrive by a later transfer: the run starts with `.fla` and z3-solver).
@@ -45,6 +48,8 @@ TILELANG = {"op": "parallel_attn", "env": {"FLA_TILELANG": "1"}, "shape": "B8_T1
             # honest: three stages of the K/V pipeline instead of two where no sliding window is used
             "step": ("        num_stages=1 if USE_WINDOW else 2,\n", "        num_stages=1 if USE_WINDOW else 3,\n"),
             "why": "pipeline the TileLang forward's K/V loads three deep", "inputs": [],
+            "nondeterministic_compile": "tilelang 0.1.13 lowers the sliding-window varlen forward in 5 of 8 "
+                                        "fresh processes (benchmarks/tilelang_lowering.py)",
             # B, the heads and the head dims are compile-time constants of FLA's TileLang kernels: each
             # unseen shape is a fresh TileLang compile per kernel, so two of them, not the default four
             "bench": ["--unseen-shapes", "2"]}
@@ -75,6 +80,10 @@ def _prepare(ctx: Ctx, spec: dict, name: str, lines: list[str]) -> Path | None:
     if code != 0:
         return None
     code, wall, doc = run(ctx, ["gate", op, "--repo", str(repo), "--json"], d / "gate", env=env)
+    if code != 0 and spec.get("nondeterministic_compile"):
+        lines.append(f"gate (empty caches): exit {code} in {wall:.1f}s; red at the base, run once more: "
+                     f"{spec['nondeterministic_compile']}")
+        code, wall, doc = run(ctx, ["gate", op, "--repo", str(repo), "--json"], d / "gate-again", env=env)
     n = (doc or {}).get("counts") or {}
     red = "; ".join(f"{f.get('kind')}: {str(f.get('message'))[:300]}" for f in (doc or {}).get("findings") or [])
     lines.append(f"gate (empty caches): exit {code} in {wall:.1f}s; green {(doc or {}).get('green')}; passed "

@@ -28,3 +28,12 @@ def test_help_and_wait_on_a_run_that_never_started(tmp_path):
     w = subprocess.run([sys.executable, str(SCRIPT), "wait", "0", "--work", str(tmp_path / "work"),
                         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert w.returncode == 0 and "no log" in w.stdout and "STILL RUNNING" in w.stdout
+
+
+def test_the_tilelang_lowering_check_without_tilelang_says_what_to_put_on_the_path():
+    """benchmarks/tilelang_lowering.py needs tilelang and FLA importable (neither is on CI): it says
+    so and exits 2, before lowering anything."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tilelang_lowering.py")], capture_output=True,
+                       text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ""})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot import tilelang and FLA's TileLang kernels" in r.stderr and "PYTHONPATH" in r.stderr
