@@ -389,7 +389,7 @@ class BuiltCell:
     def _set_k(self, per_call_ms: float) -> None:
         """k calls last `sample_ms`; in a cold cell its k flushes may not last longer than that
         either. The flush is not timed but it is run: a CPU's last-level cache can take a thousand
-        calls to overwrite (0.2 s for the 480 MiB L3 a cloud VM lists), and the calls' k alone once
+        calls to overwrite (0.12 s for the 480 MiB L3 a cloud VM lists), and the calls' k alone once
         made a cold cell of `--cell-seconds 30` take 400 s. On a GPU the flush costs about a call
         (81 us on the H200), so only calls shorter than that get a smaller k."""
         self.per_call_ms_estimate = per_call_ms
