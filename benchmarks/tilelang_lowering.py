@@ -47,13 +47,20 @@ GDN_CASES = [("chunk_bwd_dqkwg", 8, 1024, 8, 8, D, None, varlen, True, dw)
              for D in (64, 128) for dw in (False, True) for varlen in (False, True)]
 
 
+def _name(case: tuple) -> str:
+    test, B, T, H, HQ, D, W, varlen, gated, flag = case[:10]
+    if test == "chunk_bwd_dqkwg":
+        return f"{test} B{B} H{H} D{D} dw={flag} varlen={varlen}"
+    return (f"{test} {case[10]} B{B} T{T} H{H} HQ{HQ} D{D}" + (f" W{W}" if W else "") + (" varlen" if varlen else "")
+            + (" gated" if gated else "") + (" sink" if flag else ""))
+
+
 def _lower(case: tuple) -> tuple[str, float, str | None]:
     """(name, seconds, None or the error's last line) of lowering one case for sm_90."""
     import tilelang
     from tilelang import tvm
 
     test, B, T, H, HQ, D, W, varlen, gated, flag = case[:10]
-    side = case[10] if len(case) > 10 else None  # fwd or bwd: the attention cases only
     t0 = time.perf_counter()
     try:
         if test == "chunk_bwd_dqkwg":
@@ -62,13 +69,12 @@ def _lower(case: tuple) -> tuple[str, float, str | None]:
             NK = (D + 63) // 64
             tir = chunk_bwd._build_kernel.get_tir(B, H, HQ, D, D, 64, 64, 64, NK, D, D, "bfloat16", gated, flag,
                                                   False, varlen, num_warps=4)
-            name = f"{test} B{B} H{H} D{D} dw={flag} varlen={varlen}"
         else:
             from fla.ops.common.backends.tilelang import parallel_attn_bwd, parallel_attn_fwd
 
             s = D ** -0.5
             common = dict(USE_G=gated, USE_WINDOW=W is not None, WINDOW_SIZE=W or 0, IS_VARLEN=varlen)
-            if side == "fwd":
+            if case[10] == "fwd":
                 BT, BS, warps = parallel_attn_fwd._pick_tile(D, D, True)  # as FLA picks on Hopper
                 tir = parallel_attn_fwd._build_parallel_attn_fwd_kernel.get_tir(
                     B, HQ, H, D, D, BT, BS, s, s * 1.4426950408889634, "float16", USE_SINK=flag,
@@ -76,17 +82,14 @@ def _lower(case: tuple) -> tuple[str, float, str | None]:
             else:
                 tir = parallel_attn_bwd._build_parallel_attn_bwd_kernel.get_tir(
                     B, HQ, H, D, D, 64, s, s * 1.4426950408889634, "float16", **common)
-            name = (f"{test} {side} B{B} T{T} H{H} HQ{HQ} D{D}" + (f" W{W}" if W else "")
-                    + (" varlen" if varlen else "") + (" gated" if gated else "") + (" sink" if flag else ""))
         target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
         config = {tilelang.PassConfigKey.TL_DISABLE_TMA_LOWER: True, tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
         with target, tvm.transform.PassContext(config=config):
             tilelang.lower(tir, target=target)
-        return name, time.perf_counter() - t0, None
+        return _name(case), time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001 - the error is the finding
         last = (str(e).strip().splitlines() or [""])[-1][:300]
-        return f"{test} {side or ''} B{B} H{H} HQ{HQ} D{D}".replace("  ", " "), time.perf_counter() - t0, \
-            f"{type(e).__name__}: {last}"
+        return _name(case), time.perf_counter() - t0, f"{type(e).__name__}: {last}"
 
 
 def cases() -> list[tuple]:
