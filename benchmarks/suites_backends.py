@@ -79,14 +79,16 @@ def _prepare(ctx: Ctx, spec: dict, name: str, lines: list[str]) -> Path | None:
     lines.append(f"init: exit {code} in {wall:.1f}s")
     if code != 0:
         return None
+    label = "gate (empty caches)"
     code, wall, doc = run(ctx, ["gate", op, "--repo", str(repo), "--json"], d / "gate", env=env)
     if code != 0 and spec.get("nondeterministic_compile"):
-        lines.append(f"gate (empty caches): exit {code} in {wall:.1f}s; red at the base, run once more: "
+        lines.append(f"{label}: exit {code} in {wall:.1f}s at the base; run once more: "
                      f"{spec['nondeterministic_compile']}")
+        label = "gate again (tilelang's kernel cache kept)"
         code, wall, doc = run(ctx, ["gate", op, "--repo", str(repo), "--json"], d / "gate-again", env=env)
     n = (doc or {}).get("counts") or {}
     red = "; ".join(f"{f.get('kind')}: {str(f.get('message'))[:300]}" for f in (doc or {}).get("findings") or [])
-    lines.append(f"gate (empty caches): exit {code} in {wall:.1f}s; green {(doc or {}).get('green')}; passed "
+    lines.append(f"{label}: exit {code} in {wall:.1f}s; green {(doc or {}).get('green')}; passed "
                  f"{n.get('passed')}, failed {n.get('failed')}, skipped {n.get('skipped')} of {n.get('selected')}, "
                  f"pytest {n.get('time_s')}s" + (f"; {red}" if red else ""))
     if (doc or {}).get("oom_retry"):

@@ -23,85 +23,103 @@ import concurrent.futures as cf
 import json
 import sys
 import time
+from typing import NamedTuple
 
-# FLA's tests/ops/test_attn.py at bc3b101d: (test, B, T, H, HQ, D, window, varlen, gated, sink).
-# T is dynamic in the kernels (not a compile-time constant), so it is kept only to name the case.
+
+class Case(NamedTuple):
+    """One kernel configuration. T is dynamic in the kernels (not a compile-time constant): it only
+    names the case. `side` is fwd or bwd for the attention kernels, None for GDN's."""
+
+    test: str
+    B: int
+    T: int
+    H: int
+    HQ: int  # query heads; GDN's value heads
+    D: int
+    W: int | None = None  # sliding window
+    varlen: bool = False
+    gated: bool = False
+    sink: bool = False
+    dw: bool = False  # GDN: the delta rule's dw
+    side: str | None = None
+
+    @property
+    def name(self) -> str:
+        if self.side is None:
+            return f"{self.test} B{self.B} H{self.H} D{self.D} dw={self.dw} varlen={self.varlen}"
+        return (f"{self.test} {self.side} B{self.B} T{self.T} H{self.H} HQ{self.HQ} D{self.D}"
+                + (f" W{self.W}" if self.W else "") + (" varlen" if self.varlen else "")
+                + (" gated" if self.gated else "") + (" sink" if self.sink else ""))
+
+
+# FLA's tests/ops/test_attn.py at bc3b101d
 ATTN_CASES = [
-    *[("test_parallel", B, T, H, HQ, D, None, False, False, False)
-      for B, T, H, HQ, D in ((1, 63, 1, 1, 64), (3, 111, 2, 2, 100), (3, 1024, 2, 8, 60), (3, 1024, 2, 8, 128),
-                             (4, 2048, 2, 8, 64))],
-    *[("test_parallel_with_g", B, T, H, HQ, D, None, False, True, False)
-      for B, T, H, HQ, D in ((1, 63, 1, 1, 64), (3, 111, 2, 2, 100), (3, 1024, 2, 8, 60))],
-    *[("test_parallel_varlen", 1, T, H, HQ, D, None, True, False, False)
-      for H, HQ, D, T in ((2, 2, 64, 15), (2, 8, 64, 1000), (2, 2, 100, 2000))],
-    *[("test_parallel_swa", B, T, H, HQ, D, W, False, False, False)
-      for B, T, H, HQ, D, W in ((1, 63, 1, 1, 64, 16), (3, 111, 2, 2, 100, 32), (3, 1024, 2, 8, 128, 64))],
-    *[("test_parallel_sink", B, T, H, HQ, D, None, False, False, True)
-      for B, T, H, HQ, D in ((1, 63, 1, 1, 64), (3, 111, 2, 2, 100), (3, 1024, 2, 8, 128))],
-    *[("test_parallel_swa_varlen", 1, T, H, HQ, D, W, True, False, False)
-      for H, HQ, D, W, T in ((2, 2, 64, 16, 111), (2, 8, 100, 32, 1000))],
+    *[Case("test_parallel", B, T, H, HQ, D) for B, T, H, HQ, D in
+      ((1, 63, 1, 1, 64), (3, 111, 2, 2, 100), (3, 1024, 2, 8, 60), (3, 1024, 2, 8, 128), (4, 2048, 2, 8, 64))],
+    *[Case("test_parallel_with_g", B, T, H, HQ, D, gated=True) for B, T, H, HQ, D in
+      ((1, 63, 1, 1, 64), (3, 111, 2, 2, 100), (3, 1024, 2, 8, 60))],
+    *[Case("test_parallel_varlen", 1, T, H, HQ, D, varlen=True) for H, HQ, D, T in
+      ((2, 2, 64, 15), (2, 8, 64, 1000), (2, 2, 100, 2000))],
+    *[Case("test_parallel_swa", B, T, H, HQ, D, W) for B, T, H, HQ, D, W in
+      ((1, 63, 1, 1, 64, 16), (3, 111, 2, 2, 100, 32), (3, 1024, 2, 8, 128, 64))],
+    *[Case("test_parallel_sink", B, T, H, HQ, D, sink=True) for B, T, H, HQ, D in
+      ((1, 63, 1, 1, 64), (3, 111, 2, 2, 100), (3, 1024, 2, 8, 128))],
+    *[Case("test_parallel_swa_varlen", 1, T, H, HQ, D, W, varlen=True) for H, HQ, D, W, T in
+      ((2, 2, 64, 16, 111), (2, 8, 100, 32, 1000))],
 ]
 # GDN's gated backward (chunk_bwd_dqkwg), served by TileLang on Hopper in the survey: B8_T1024_H8_D64
 # and a head dim of 128, with and without the delta rule's dw, fixed-length and varlen
-GDN_CASES = [("chunk_bwd_dqkwg", 8, 1024, 8, 8, D, None, varlen, True, dw)
+GDN_CASES = [Case("chunk_bwd_dqkwg", 8, 1024, 8, 8, D, varlen=varlen, gated=True, dw=dw)
              for D in (64, 128) for dw in (False, True) for varlen in (False, True)]
 
 
-def _name(case: tuple) -> str:
-    test, B, T, H, HQ, D, W, varlen, gated, flag = case[:10]
-    if test == "chunk_bwd_dqkwg":
-        return f"{test} B{B} H{H} D{D} dw={flag} varlen={varlen}"
-    return (f"{test} {case[10]} B{B} T{T} H{H} HQ{HQ} D{D}" + (f" W{W}" if W else "") + (" varlen" if varlen else "")
-            + (" gated" if gated else "") + (" sink" if flag else ""))
-
-
-def _lower(case: tuple) -> tuple[str, float, str | None]:
+def _lower(c: Case) -> tuple[str, float, str | None]:
     """(name, seconds, None or the error's last line) of lowering one case for sm_90."""
     import tilelang
+    from fla.ops.utils.constant import RCP_LN2
     from tilelang import tvm
 
-    test, B, T, H, HQ, D, W, varlen, gated, flag = case[:10]
     t0 = time.perf_counter()
     try:
-        if test == "chunk_bwd_dqkwg":
+        if c.side is None:
             from fla.ops.common.backends.tilelang import chunk_bwd
 
-            NK = (D + 63) // 64
-            tir = chunk_bwd._build_kernel.get_tir(B, H, HQ, D, D, 64, 64, 64, NK, D, D, "bfloat16", gated, flag,
-                                                  False, varlen, num_warps=4)
+            NK = (c.D + 63) // 64
+            tir = chunk_bwd._build_kernel.get_tir(c.B, c.H, c.HQ, c.D, c.D, 64, 64, 64, NK, c.D, c.D, "bfloat16",
+                                                  c.gated, c.dw, False, c.varlen, num_warps=4)
         else:
             from fla.ops.common.backends.tilelang import parallel_attn_bwd, parallel_attn_fwd
 
-            s = D ** -0.5
-            common = dict(USE_G=gated, USE_WINDOW=W is not None, WINDOW_SIZE=W or 0, IS_VARLEN=varlen)
-            if case[10] == "fwd":
-                BT, BS, warps = parallel_attn_fwd._pick_tile(D, D, True)  # as FLA picks on Hopper
+            s = c.D ** -0.5
+            common = dict(USE_G=c.gated, USE_WINDOW=c.W is not None, WINDOW_SIZE=c.W or 0, IS_VARLEN=c.varlen)
+            if c.side == "fwd":
+                BT, BS, warps = parallel_attn_fwd._pick_tile(c.D, c.D, True)  # as FLA picks on Hopper
                 tir = parallel_attn_fwd._build_parallel_attn_fwd_kernel.get_tir(
-                    B, HQ, H, D, D, BT, BS, s, s * 1.4426950408889634, "float16", USE_SINK=flag,
-                    num_warps=warps, num_stages=1 if W is not None else 2, **common)
+                    c.B, c.HQ, c.H, c.D, c.D, BT, BS, s, s * RCP_LN2, "float16", USE_SINK=c.sink,
+                    num_warps=warps, num_stages=1 if c.W is not None else 2, **common)
             else:
                 tir = parallel_attn_bwd._build_parallel_attn_bwd_kernel.get_tir(
-                    B, HQ, H, D, D, 64, s, s * 1.4426950408889634, "float16", **common)
+                    c.B, c.HQ, c.H, c.D, c.D, 64, s, s * RCP_LN2, "float16", **common)
         target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
         config = {tilelang.PassConfigKey.TL_DISABLE_TMA_LOWER: True, tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
         with target, tvm.transform.PassContext(config=config):
             tilelang.lower(tir, target=target)
-        return _name(case), time.perf_counter() - t0, None
+        return c.name, time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001 - the error is the finding
         last = (str(e).strip().splitlines() or [""])[-1][:300]
-        return _name(case), time.perf_counter() - t0, f"{type(e).__name__}: {last}"
+        return c.name, time.perf_counter() - t0, f"{type(e).__name__}: {last}"
 
 
-def cases() -> list[tuple]:
-    """The attention cases once per side, those whose compile-time key repeats dropped, then GDN's."""
+def cases() -> list[Case]:
+    """The attention cases once per side, those whose compile-time key repeats dropped (the backward
+    has no sink), then GDN's."""
     out, seen = [], set()
     for c in ATTN_CASES:
-        test, B, T, H, HQ, D, W, varlen, gated, sink = c
         for side in ("fwd", "bwd"):
-            key = (side, B, H, HQ, D, W, varlen, gated, sink and side == "fwd")
+            key = (side, c.B, c.H, c.HQ, c.D, c.W, c.varlen, c.gated, c.sink and side == "fwd")
             if key not in seen:
                 seen.add(key)
-                out.append((*c, side))
+                out.append(c._replace(side=side))
     return out + GDN_CASES
 
 
