@@ -7,6 +7,9 @@ Usage, on the GPU machine from the flaloop checkout with FLA carried as `.fla/`:
     python3 benchmarks/run.py h200 --background     # every suite, lanes over the GPUs, detached
     python3 benchmarks/run.py wait SECONDS          # follow a detached run, pack $OUT when done
 
+On the device ($OUT set and the --out), a run in the foreground writes under --work and packs it into
+$OUT/results.tgz as `wait` does: the device gives back 8 files of $OUT, 2 folders down.
+
 Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` lines):
   machine   GPUs, driver, torch, triton
   gate      cold gate on every GPU (empty Triton cache, no baseline), warm gate, plain pytest
@@ -166,7 +169,20 @@ def main(argv: list[str]) -> int:
         return 0
     gpus = a.gpus.split(",") if a.gpus else [line.split(":")[0].split()[-1] for line in subprocess.run(
         ["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines() if line.startswith("GPU ")]
+    packed = None
+    if os.environ.get("OUT") and out.resolve() == Path(os.environ["OUT"]).resolve():
+        # the device gives back 8 files of $OUT, 2 folders down: the run writes under the work dir and
+        # packs it into $OUT at the end, also when stopped (`timeout -s INT`), as `wait` does
+        packed, out = out, work / "out"
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run_plan(a, out, work, gpus)
+    finally:
+        if packed is not None:
+            _pack(out, packed)
+
+
+def _run_plan(a: argparse.Namespace, out: Path, work: Path, gpus: list[str]) -> int:
     cache = work / "tc-shared"
     cache.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(out, work, Path(a.fla).resolve(), gpus, cache, time.time() + a.deadline)
@@ -192,6 +208,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _pack(src: Path, out: Path) -> None:
+    """`src` as OUT/results.tgz (unpacks to out/...), its goal lines beside it as goals.txt."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not src.exists():
+        return
+    with tarfile.open(out / "results.tgz", "w:gz") as tar:
+        tar.add(src, arcname="out")
+    if (src / "goals.txt").exists():
+        shutil.copy(src / "goals.txt", out / "goals.txt")
+
+
 def _safe(ctx: Ctx, name: str) -> None:
     if ctx.left() < 30:
         say(f"{name}: skipped, the deadline is near")
@@ -208,15 +235,11 @@ def wait(work: Path, out: Path, limit: float) -> int:
     log = work / "run.log"
     while time.time() - t0 < limit and not (work / "out" / "goals.txt").exists():
         time.sleep(5)
-    out.mkdir(parents=True, exist_ok=True)
     if log.exists():
+        out.mkdir(parents=True, exist_ok=True)
         shutil.copy(log, out / "run.log")
     src = work / "out"
-    if src.exists():
-        with tarfile.open(out / "results.tgz", "w:gz") as tar:
-            tar.add(src, arcname="out")
-        if (src / "goals.txt").exists():
-            shutil.copy(src / "goals.txt", out / "goals.txt")
+    _pack(src, out)
     done = (src / "goals.txt").exists()
     print((log.read_text()[-6000:] if log.exists() else "no log") + ("\nALL DONE" if done else "\nSTILL RUNNING"))
     return 0
