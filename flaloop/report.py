@@ -9,8 +9,10 @@ Which record is the claim's:
 - with a loop, the claim is the best kept iteration's commit (the newest `keep`); without a
   kept iteration the report is a no-go;
 - without a loop, the claim is the current tree state (HEAD + hash of the uncommitted diff);
-- the record is the newest non-A/A bench record whose candidate is that commit (clean, or the
-  dirty tree that was then committed as it), with a full green gate of the same tree state.
+- the record is the loop iteration's own (a no-go: the baseline's A/A), else the newest non-A/A
+  bench record whose candidate is that commit (clean, or the dirty tree that was then committed as
+  it), with a full green gate of the same tree state; a loop never claims a `bench --cand-env`
+  record (the same code in another environment answers the backend question, not the loop's).
 
 It refuses (exit 1, each reason named) to claim a win on a `-k` gate, a red or missing gate, a
 blocking guard finding, blocked cells, an `unexplained-speedup`, or records of other commits than
@@ -173,21 +175,26 @@ def _candidate_state(record: RunRecord) -> dict:
 
 
 def pick_record(claim: Claim, records: list[RunRecord]) -> tuple[RunRecord | None, list[Refusal]]:
-    """The newest non-A/A record of the claim's tree state (a loop iteration's own record
-    first); for a no-go, the newest record of the baseline, A/A allowed."""
+    """The claim's loop iteration's own record, else the newest non-A/A record of the claim's tree
+    state; for a no-go, the baseline's own A/A, else the newest record of the baseline, A/A allowed.
+    A loop claims code: a record whose candidate ran in another environment (`bench --cand-env`, a
+    backend switched on the same tree) answered another question and is not the loop's."""
     def matches(r: RunRecord) -> bool:
+        if claim.source == "loop" and r.config.cand_env:
+            return False
         return any(same_state(_candidate_state(r), s) for s in claim.states) or bool(
             claim.tree and r.candidate.tree == claim.tree)
 
-    if claim.no_go:
-        mine = [r for r in records if matches(r) or (r.aa and r.base.commit == claim.commit)]
-        return (mine[-1] if mine else None), []
     it = claim.iteration or {}
-    ref = (it.get("vs_base") or {}).get("record") or (it.get("vs_best") or {}).get("record")
+    ref = ((it.get("vs_base") or {}).get("record") or (it.get("vs_best") or {}).get("record")
+           or (it.get("baseline") or {}).get("record"))
     for r in records:
-        if ref and os.path.realpath(r.path) in (os.path.realpath(ref), os.path.realpath(Path(ref) / "record.json")):
-            if not r.aa and matches(r):
+        if ref and _same_path(r.path, ref) and (matches(r) or (claim.no_go and r.aa)):
+            if claim.no_go or not r.aa:
                 return r, []
+    if claim.no_go:
+        mine = [r for r in records if matches(r) or (r.aa and not r.config.cand_env and r.base.commit == claim.commit)]
+        return (mine[-1] if mine else None), []
     mine = [r for r in records if not r.aa and matches(r)]
     if mine:
         return mine[-1], []
@@ -202,6 +209,14 @@ def pick_record(claim: Claim, records: list[RunRecord]) -> tuple[RunRecord | Non
         f"no bench record of the claim's tree state {want} ({claim.source}); the newest record "
         f"({Path(newest.path).parent.name}) measured {describe_state(_candidate_state(newest))}",
         "bench the state you claim: `flaloop verify OP` on that tree (or commit what you measured)")]
+
+
+def _same_path(record_path: str, ref: str) -> bool:
+    """Whether an iteration's `record` (`runs/<run>/record.json` or the run's directory, relative to
+    the workspace or absolute) names this record: the run directories' names are unique in a
+    workspace, and the comparison holds where the workspace was moved since (copied off a GPU machine)."""
+    run = Path(ref).parent.name if Path(ref).name == "record.json" else Path(ref).name
+    return Path(record_path).parent.name == run
 
 
 def gate_evidence(record: RunRecord, claim: Claim, last_gate: dict | None) -> tuple[dict | None, list[Refusal]]:

@@ -347,6 +347,44 @@ def test_a_loop_without_a_kept_iteration_is_a_no_go(toy_measured):
     assert doc["conclusion"]["kind"] == "no-go" and "A/A self-check" not in json.dumps(doc["risks"])
 
 
+def _copy_record(repo: Path, stamp: str, **changes) -> str:
+    """A copy of the stored record as a newer run, `changes` merged in: its path relative to the
+    workspace, as the loop's iteration records name theirs."""
+    rec = {**json.loads(the_record(repo).read_text()), **changes}
+    d = ws(repo) / "runs" / f"{stamp}-bench"
+    d.mkdir()
+    (d / "record.json").write_text(json.dumps(rec))
+    return f"runs/{d.name}/record.json"
+
+
+def test_a_loop_claim_stands_on_its_own_records_not_on_a_later_bench_of_another_environment(toy_measured):
+    """A no-go loop's report shows its baseline's A/A, a kept iteration's its own vs-base record
+    (named relative to the workspace), though a newer record of the same tree exists: `bench
+    --cand-env FLA_TILELANG=1` on the reverted tree (twentieth session, the H200) is the backend
+    question, not the loop's, and its blocked cells must not read as the loop's."""
+    repo, _ = toy_measured
+    base = git_mod.head_commit(repo)
+    rec = json.loads(the_record(repo).read_text())
+    aa = _copy_record(repo, "20000101T000000Z", aa=True)
+    switched = _copy_record(repo, "29991231T000000Z", config={**rec["config"], "cand_env": {"FLA_TILELANG": "1"}})
+    iters = ws(repo) / "iters"
+    iters.mkdir()
+    baseline = {**_iteration(0, "baseline", base, None), "baseline": {"record": aa}}
+    for it in (baseline, _iteration(1, "revert", base, 0.97)):
+        (iters / f"{it['iter']:04d}.json").write_text(json.dumps(it))
+    doc = build(repo)
+    assert doc["claim"]["no_go"] is True
+    assert doc["records"]["claim"] == str(ws(repo) / aa), doc["records"]
+    # without its own record, the no-go takes the newest of the baseline's code, still not the switched one
+    (iters / "0000.json").write_text(json.dumps(_iteration(0, "baseline", base, None)))
+    assert build(repo)["records"]["claim"] != str(ws(repo) / switched)
+    # a kept iteration: its own record, though a later plain bench measured the same tree
+    own = _copy_record(repo, "20100101T000000Z")
+    _copy_record(repo, "20200101T000000Z")
+    (iters / "0001.json").write_text(json.dumps(_iteration(1, "keep", base, 1.2, own)))
+    assert build(repo)["records"]["claim"] == str(ws(repo) / own)
+
+
 def test_no_record_or_no_contract_is_a_usage_error(toy_measured):
     repo, _ = toy_measured
     shutil.rmtree(ws(repo) / "runs")
