@@ -12,8 +12,9 @@
 #   run 2, carry [".whl/a"], at once (the machine is kept 30 s idle):
 #       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #         --target /tmp/site .whl/a/*.whl && python3 benchmarks/run.py wait 480
-#   (as run on the H200 on 2026-12-02 with tilelang 0.1.15, docs/examples/h200-backends/; h200-tilelang
-#   runs TileLang alone.) FLA's CI installs tilelang's nightly. With 0.1.15 from PyPI, nine of FLA's
+#   (as run on the H200 on 2026-12-02 with tilelang 0.1.15, docs/examples/h200-backends/, and with 0.1.13,
+#   whose gate was green, docs/examples/h200-tilelang/; h200-tilelang runs TileLang alone: install both
+#   parts first, then start it.) FLA's CI installs tilelang's nightly. With 0.1.15 from PyPI, nine of FLA's
 #   TileLang tests at bc3b101d fail at the base (head dims 60 and 100, one sliding-window varlen
 #   case) and the gate refuses the loop; on the CPU 0.1.14 fails the same head dims, and 0.1.13
 #   lowers every kernel configuration those tests reach, the sliding-window varlen one in 5 of 8
