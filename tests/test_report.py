@@ -347,10 +347,10 @@ def test_a_loop_without_a_kept_iteration_is_a_no_go(toy_measured):
     assert doc["conclusion"]["kind"] == "no-go" and "A/A self-check" not in json.dumps(doc["risks"])
 
 
-def _copy_record(repo: Path, stamp: str, **changes) -> str:
-    """A copy of the stored record as a newer run, `changes` merged in: its path relative to the
-    workspace, as the loop's iteration records name theirs."""
-    rec = {**json.loads(the_record(repo).read_text()), **changes}
+def _copy_record(repo: Path, rec: dict, stamp: str, **changes) -> str:
+    """`rec` stored as another run, `changes` merged in: its path relative to the workspace, as the
+    loop's iteration records name theirs."""
+    rec = {**rec, **changes}
     d = ws(repo) / "runs" / f"{stamp}-bench"
     d.mkdir()
     (d / "record.json").write_text(json.dumps(rec))
@@ -365,8 +365,8 @@ def test_a_loop_claim_stands_on_its_own_records_not_on_a_later_bench_of_another_
     repo, _ = toy_measured
     base = git_mod.head_commit(repo)
     rec = json.loads(the_record(repo).read_text())
-    aa = _copy_record(repo, "20000101T000000Z", aa=True)
-    switched = _copy_record(repo, "29991231T000000Z", config={**rec["config"], "cand_env": {"FLA_TILELANG": "1"}})
+    aa = _copy_record(repo, rec, "20000101T000000Z", aa=True)
+    switched = _copy_record(repo, rec, "29991231T000000Z", config={**rec["config"], "cand_env": {"FLA_TILELANG": "1"}})
     iters = ws(repo) / "iters"
     iters.mkdir()
     baseline = {**_iteration(0, "baseline", base, None), "baseline": {"record": aa}}
@@ -379,8 +379,8 @@ def test_a_loop_claim_stands_on_its_own_records_not_on_a_later_bench_of_another_
     (iters / "0000.json").write_text(json.dumps(_iteration(0, "baseline", base, None)))
     assert build(repo)["records"]["claim"] != str(ws(repo) / switched)
     # a kept iteration: its own record, though a later plain bench measured the same tree
-    own = _copy_record(repo, "20100101T000000Z")
-    _copy_record(repo, "20200101T000000Z")
+    own = _copy_record(repo, rec, "20100101T000000Z")
+    _copy_record(repo, rec, "20200101T000000Z")
     (iters / "0001.json").write_text(json.dumps(_iteration(1, "keep", base, 1.2, own)))
     assert build(repo)["records"]["claim"] == str(ws(repo) / own)
 
