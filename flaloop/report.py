@@ -188,10 +188,11 @@ def pick_record(claim: Claim, records: list[RunRecord]) -> tuple[RunRecord | Non
     it = claim.iteration or {}
     ref = ((it.get("vs_base") or {}).get("record") or (it.get("vs_best") or {}).get("record")
            or (it.get("baseline") or {}).get("record"))
-    for r in records:
-        if ref and _same_path(r.path, ref) and (matches(r) or (claim.no_go and r.aa)):
-            if claim.no_go or not r.aa:
-                return r, []
+    # a no-go stands on the baseline's A/A; any other claim on a record of its code that is not an A/A
+    own = [r for r in records if ref and _same_path(r.path, ref)
+           and ((claim.no_go and r.aa) or (not r.aa and matches(r)))]
+    if own:
+        return own[-1], []
     if claim.no_go:
         mine = [r for r in records if matches(r) or (r.aa and not r.config.cand_env and r.base.commit == claim.commit)]
         return (mine[-1] if mine else None), []
