@@ -156,7 +156,7 @@ PRELOAD = ['torch', 'triton', 'triton.language']  # what a bench's fork server p
 
 def fork_server(env: dict):
     """A connection to a warm flaloop fork server for `env` (the first call starts it; conftest
-    stops this session's servers at its end)."""
+    stops this test run's servers at its end)."""
     from flaloop.bench import forkservers
 
     server = forkservers.ForkServer.connect(sys.executable, env, PRELOAD)

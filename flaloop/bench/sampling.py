@@ -12,7 +12,7 @@ the same mirrored order.
 Why both: on the H200 the side that set up last and then sampled first read slow in that first
 sample (in 31 of 40 such rounds of three verifies, by up to 2.7%), and it was always the base,
 since round 2 set it up last and began with AB: a lean toward FASTER. A run of the graph just
-before that sample did not help (docs/BENCHMARKS.md, eighth and ninth sessions).
+before that sample did not help (docs/lab/2026-12-01-h200.md, R8 and R9).
 
 Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
 test drives them over scripted fake workers (tests/test_session.py).

@@ -9,7 +9,7 @@ On a GPU a cell can be built more than once in the same process (`placements`): 
 has its own input tensors (the same values) and its own proven graph with its own memory pool,
 and `sample(i)` times placement i. Where a cell's memory lands moves its time: on the H200 one
 process's four placements of the same cell differed by up to 0.85% (benchmarks/placement.py,
-docs/BENCHMARKS.md), so a pair of processes that each hold one placement carries that luck into
+docs/lab/2026-12-01-h200.md, R8), so a pair of processes that each hold one placement carries that luck into
 the comparison; rotating over placements averages it.
 """
 

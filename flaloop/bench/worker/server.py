@@ -110,7 +110,7 @@ class WorkerServer:
         self.import_s = time.perf_counter() - t0
         # What the imports built lives as long as the process: later collections (each `release`
         # runs one) skip it. On the H200 a warm 12-cell verify waited 9.3 s on releases before
-        # this, 0.3-0.5 s after (docs/BENCHMARKS.md, seventh session).
+        # this, 0.3-0.5 s after (docs/lab/2026-11-30-h200.md, R7).
         gc.freeze()
 
     # -- dispatch ---------------------------------------------------------------------------------------
