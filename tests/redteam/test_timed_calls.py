@@ -1,0 +1,132 @@
+"""Timed calls checked (docs/GUARD.md, timed-call-differs): in every round one timed call, drawn by
+the orchestrator, is compared with the base's same call on the same inputs (the round's own draw).
+
+Planted on minifla: ops whose results go wrong only once the op has been called more often than
+the warm-up's checks and probes call it, or only inside the timing loop, with their state where the
+static rules do not read it (a closure, an attribute of the op function or of the input tensor,
+under names assembled at run time; the collector's state through a name assembled at run time).
+Each test first shows that the static audit passes the plant, so what blocks it is the dynamic
+layer. On the CPU the warm-up's candidate calls the op 13 times on the cell (6 at setup, 1 for the
+differential check, 5 in the probes, 1 for the mutation probe) and a measuring one 7 at setup
+before its settle sample; the samples are long (`--sample-ms 600`: k of 6 or more calls at
+minifla's speed on the interpreter), so every timed call of a measuring process is past the count
+of 13 and the verdict does not depend on which call the orchestrator draws. An honest change
+passes, and the record says what the check cost.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import OP, flaloop, make_repo
+
+SHAPE = "B1_T64_H2_D32"
+CHUNK = "minifla/ops/linear_attn/chunk.py"
+BENCH = ["--device", "cpu", "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "6", "--cell-seconds", "60",
+         "--rounds", "1", "--unseen-shapes", "0", "--sample-ms", "600", "--json"]
+CALL = "    N, scale, max_len = check_inputs(q, k, v, scale, initial_state, cu_seqlens)\n"
+WRONG = "        return torch.zeros_like(v), None\n"
+# a name no static rule can read: 'calls' assembled from its character codes
+NAME = "    _tag = ''.join(chr(c) for c in (99, 97, 108, 108, 115))\n"
+LIMIT = 13
+
+PLANTS = {
+    # a call counter in a closure made at import (no global, no nonlocal, no mutable default)
+    "counter-in-a-closure": (
+        "def _ticker():\n"
+        "    box = [0]\n"
+        "\n"
+        "    def tick():\n"
+        "        box[0] = box[0] + 1\n"
+        "        return box[0]\n"
+        "    return tick\n"
+        "\n"
+        "\n"
+        "_tick = _ticker()\n"
+        "\n"
+        "\n",
+        CALL + f"    if _tick() > {LIMIT}:\n" + WRONG),
+    # a call counter kept as an attribute of the op function itself
+    "counter-on-the-function": (
+        "",
+        CALL + NAME + "    setattr(chunk_linear_attn, _tag, getattr(chunk_linear_attn, _tag, 0) + 1)\n"
+        f"    if getattr(chunk_linear_attn, _tag) > {LIMIT}:\n" + WRONG),
+    # a count of the times this very input tensor was seen, on the tensor
+    "counter-on-the-input": (
+        "",
+        CALL + NAME + "    setattr(v, _tag, getattr(v, _tag, 0) + 1)\n"
+        f"    if getattr(v, _tag) > {LIMIT}:\n" + WRONG),
+    # inside the timing loop: the timers switch the garbage collector off around their window
+    "inside-the-timing-loop": (
+        "",
+        CALL + "    if not getattr(gc, 'is' + 'enabled')():\n" + WRONG),
+}
+ANCHOR = "def chunk_linear_attn(\n"
+IMPORTS = "import torch\n"
+
+
+@pytest.fixture(scope="module")
+def base_repo(tmp_path_factory):
+    repo = make_repo(tmp_path_factory.mktemp("timed") / "minifla")
+    r = flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd")
+    assert r.code == 0, r.stderr
+    return repo
+
+
+def _planted(repo, name: str | None, honest: tuple[str, str] | None = None):
+    p = repo / CHUNK
+    text = p.read_text()
+    if name is not None:
+        head, body = PLANTS[name]
+        assert text.count(CALL) == 1 and text.count(ANCHOR) == 1 and text.count(IMPORTS) == 1
+        text = text.replace(ANCHOR, head + ANCHOR).replace(CALL, body).replace(IMPORTS, "import gc\n" + IMPORTS)
+    if honest is not None:
+        assert text.count(honest[0]) == 1
+        text = text.replace(*honest)
+    return p, text
+
+
+def _run(repo, name: str | None, *commands, honest=None):
+    p, text = _planted(repo, name, honest)
+    before = p.read_text()
+    try:
+        p.write_text(text)
+        return [flaloop(repo, *c) for c in commands]
+    finally:
+        p.write_text(before)
+
+
+@pytest.mark.parametrize("name", sorted(PLANTS))
+def test_results_wrong_only_on_timed_calls_are_blocked_by_the_timed_call_check(base_repo, name):
+    audit, r = _run(base_repo, name, ("audit", OP, "--json"), ("bench", OP, *BENCH))
+    # the static rules do not read it: what blocks it below is the dynamic layer
+    assert audit.code == 0, audit.stdout[-2000:] + audit.stderr[-2000:]
+    assert not [f for f in audit.json["findings"] if f.get("blocking")], audit.json["findings"]
+    assert r.code == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    doc = r.json
+    [cell] = doc["cells"]
+    assert cell["verdict"] == "BLOCKED", cell
+    rules = {f["rule"] for f in doc["guard"]["findings"]}
+    assert rules == {"timed-call-differs"}, rules  # the warm-up's checks and the probes passed it
+    [f] = doc["guard"]["findings"]
+    assert f["blocking"] and f["cell"] == f"{SHAPE}/fwd"
+    assert "round 1, pair " in f["message"] and " of 6, call " in f["message"], f["message"]
+    assert "out0 rel-RMS" in f["message"] and "same inputs" in f["message"]
+    [check] = cell["probes"]["timed_calls"]
+    assert check["match"] is False and check["timer"] == "cpu" and 0 <= check["call"] < check["k"]
+    assert check["sets"] == ["s0"] and check["worst"]["tensor"] == "s0:out0" and check["worst"]["rel_rms"] > 0.5
+    tc = doc["guard"]["timed_calls"]
+    assert tc["checked"] == 1 and tc["differ"] == 1
+
+
+def test_an_honest_change_passes_and_the_record_states_the_cost(base_repo):
+    [r] = _run(base_repo, None, ("bench", OP, *BENCH), honest=("CHUNK_SIZE = 32\n", "CHUNK_SIZE = 16\n"))
+    assert r.code == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    doc = r.json
+    [cell] = doc["cells"]
+    assert cell["verdict"] != "BLOCKED" and not doc["guard"]["findings"]
+    [check] = cell["probes"]["timed_calls"]
+    assert check["match"] is True and check["round"] == 1 and 0 <= check["pair"] < check["of_pairs"] == 6
+    assert check["k"] == cell["k"] > 1 and 0 <= check["call"] < check["k"]
+    tc = doc["guard"]["timed_calls"]
+    assert tc["checked"] == 1 and tc["differ"] == 0 and len(tc["draw"]) == 12
+    assert 0 < tc["seconds"] and 0 < tc["share"] < 0.2  # the cost, and its share of the run
