@@ -141,3 +141,43 @@ def test_an_honest_change_passes_and_the_record_states_the_cost(base_repo):
     tc = doc["guard"]["timed_calls"]
     assert tc["checked"] == 1 and tc["differ"] == 0 and len(tc["draw"]) == 12
     assert 0 < tc["seconds"] and 0 < tc["share"] < 0.2  # the cost, and its share of the run
+
+
+# A path taken only while a CUDA graph is captured: each captured call gets a device counter of its
+# own (taken from a buffer allocated by an eager call, so that the capture records no fill of it),
+# which every replay of the graph increments; the output is zeroed once it passes 1. The graph proof
+# replays once (the counter at 1: right); every later replay, all of them timed, is wrong. Eager
+# calls never take the path, so the warm-up's checks and the probes see the honest op.
+CAPTURED = CALL + NAME + (
+    "    _o, _ht = ChunkLinearAttnFunction.apply(q, k, v, scale, initial_state, output_final_state,\n"
+    "                                            cu_seqlens, N, max_len)\n"
+    "    _pool = getattr(chunk_linear_attn, _tag, None)\n"
+    "    if getattr(torch.cuda, 'is_current_stream_' + 'capturing')():\n"
+    "        _c = _pool[0][_pool[1]:_pool[1] + 1]\n"
+    "        _pool[1] = _pool[1] + 1\n"
+    "        _c.add_(1)\n"
+    "        _o = _o * (_c <= 1).to(_o.dtype)\n"
+    "    elif _pool is None:\n"
+    "        setattr(chunk_linear_attn, _tag, [torch.zeros(1 << 16, device=v.device), 0])\n"
+    "    return _o, _ht\n")
+
+
+@pytest.mark.gpu
+def test_a_path_taken_only_while_captured_is_blocked_on_the_replays_it_times(base_repo):
+    p = base_repo / CHUNK
+    before = p.read_text()
+    gpu = [a for a in BENCH if a not in ("--device", "cpu", "--sample-ms", "800")]
+    try:
+        p.write_text(before.replace(CALL, CAPTURED))
+        audit = flaloop(base_repo, "audit", OP, "--json")
+        r = flaloop(base_repo, "bench", OP, *gpu)
+    finally:
+        p.write_text(before)
+    assert audit.code == 0 and not [f for f in audit.json["findings"] if f.get("blocking")], audit.stdout[-2000:]
+    assert r.code == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    [cell] = r.json["cells"]
+    assert cell["timer"] == "cuda_graph" and cell["verdict"] == "BLOCKED", cell
+    blocking = {f["rule"] for f in r.json["guard"]["findings"] if f["blocking"]}
+    assert blocking == {"timed-call-differs"}, r.json["guard"]["findings"]  # the proof and the probes passed it
+    [check] = cell["probes"]["timed_calls"]
+    assert check["match"] is False and check["timer"] == "cuda_graph" and check["worst"]["rel_rms"] > 0.5
