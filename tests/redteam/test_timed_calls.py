@@ -21,6 +21,9 @@ from __future__ import annotations
 import pytest
 from conftest import OP, flaloop, make_repo
 
+from flaloop.bench import timed
+from flaloop.guard import dynamic
+
 SHAPE = "B1_T64_H2_D32"
 CHUNK = "minifla/ops/linear_attn/chunk.py"
 BENCH = ["--device", "cpu", "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "6", "--cell-seconds", "60",
@@ -181,3 +184,33 @@ def test_a_path_taken_only_while_captured_is_blocked_on_the_replays_it_times(bas
     assert blocking == {"timed-call-differs"}, r.json["guard"]["findings"]  # the proof and the probes passed it
     [check] = cell["probes"]["timed_calls"]
     assert check["match"] is False and check["timer"] == "cuda_graph" and check["worst"]["rel_rms"] > 0.5
+
+
+def test_a_wrong_timed_call_cannot_be_allowed(base_repo):
+    r = flaloop(base_repo, "audit", OP, "--allow", "timed-call-differs", "--why", "only the timed calls are off")
+    assert r.code == 2 and "cannot be allowed" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_the_kept_call_is_uniform_over_the_pairs_a_round_takes():
+    # a reservoir of one: whatever number of pairs the stopping rule ends at, each is kept alike
+    n, trials = 6, 6000
+    counts = [0] * n
+    for _ in range(trials):
+        kept = None
+        for i in range(n):
+            if timed.replaces(i):
+                kept = i
+        counts[kept] += 1
+    assert all(abs(c - trials / n) < 200 for c in counts), counts  # about 7 standard deviations
+    assert {timed.call_index(3) for _ in range(200)} == {0, 1, 2} and timed.call_index(None) == 0
+    assert timed.draw("ab", 0) == "ab:r1" != timed.draw("ab", 1) and timed.run_salt() != timed.run_salt()
+
+
+def test_the_finding_names_the_cell_round_pair_call_and_error():
+    worst = {"tensor": "s0:out0", "rel_rms": 0.93, "shape": [1, 64, 2, 32], "shape_ref": [1, 64, 2, 32]}
+    at = {"round": 2, "pair": 3, "call": 4, "k": 9, "timer": "cpu", "of_pairs": 10}
+    f = dynamic.timed_call_finding("B1_T64_H2_D32/fwd", at, worst, 0.005)
+    assert f.rule == "timed-call-differs" and f.blocking and f.cell == "B1_T64_H2_D32/fwd"
+    assert f.message.startswith("round 2, pair 4 of 10, call 5 of 9: ") and "s0:out0 rel-RMS 0.93" in f.message
+    g = dynamic.timed_call_finding("c", {**at, "timer": "cuda_graph"}, {**worst, "missing": "self"}, 0.005, aa=True)
+    assert "the graph's replay" in g.message and "missing on the candidate" in g.message and not g.blocking
