@@ -18,10 +18,13 @@ on every timed call. An honest change passes, and the record says what the check
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from conftest import OP, flaloop, make_repo
 
 from flaloop.bench import timed
+from flaloop.bench.model import Cell, CellResult
 from flaloop.guard import dynamic
 
 SHAPE = "B1_T64_H2_D32"
@@ -214,3 +217,52 @@ def test_the_finding_names_the_cell_round_pair_call_and_error():
     assert f.message.startswith("round 2, pair 4 of 10, call 5 of 9: ") and "s0:out0 rel-RMS 0.93" in f.message
     g = dynamic.timed_call_finding("c", {**at, "timer": "cuda_graph"}, {**worst, "missing": "self"}, 0.005, aa=True)
     assert "the graph's replay" in g.message and "missing on the candidate" in g.message and not g.blocking
+
+
+class _Pair:
+    """The two workers of a round as `timed.check` talks to them: the candidate dumps its kept call,
+    the base compares it with its own and answers `compare`."""
+
+    def __init__(self, tmp_path, compare: dict, aa: bool = False):
+        self.run_dir, self.round, self.allowed, self.asked = tmp_path, 1, [], []
+        self.cfg = SimpleNamespace(worker_timeout=60, diff_tol=0.005, aa=aa)
+        self.out = SimpleNamespace(transfer={"how": "file"}, timed_calls={"checked": 0, "differ": 0, "seconds": 0.0})
+        self.results = [CellResult(Cell("B1_T64_H2_D32", {"B": 1, "T": 64, "H": 2, "D": 32}, "fwd", "bfloat16"))]
+        self.compare = compare
+
+    def ask(self, side, cmd, timeout, **payload):
+        self.asked.append((side, cmd, payload))
+        return {"ok": True, "path": payload.get("path")} if cmd == "dump" else {"ok": True, **self.compare}
+
+    def fail(self, res, side, reply):
+        res.status = "failed"
+
+
+def _tensor(rel: float, nonfinite_self: int = 0, nonfinite_ref: int = 0) -> dict:
+    return {"rel_rms": rel, "max_abs": rel, "shape": [1], "shape_ref": [1], "nonfinite_self": nonfinite_self,
+            "nonfinite_ref": nonfinite_ref, "missing": None, "match": rel <= 0.005 and not nonfinite_self + nonfinite_ref}
+
+
+@pytest.mark.parametrize("case", ["match", "differs", "base-nonfinite", "aa"])
+def test_the_base_judges_the_candidates_kept_call(tmp_path, case):
+    t = {"match": _tensor(0.0), "differs": _tensor(0.7, nonfinite_self=3), "base-nonfinite": _tensor(0.0, 0, 2),
+         "aa": _tensor(0.01)}[case]
+    s = _Pair(tmp_path, {"match": t["match"], "tol": 0.005, "sets": ["s0"], "tensors": {"s0:out0": t}}, aa=case == "aa")
+    res = s.results[0]
+    at = {"round": 1, "pair": 2, "call": 0, "k": 3, "timer": "cpu", "of_pairs": 8}
+    assert timed.check(s, res, at) is (case != "differs")
+    # the candidate dumps what it kept, and the base, not the candidate, compares
+    assert [(side, cmd) for side, cmd, _ in s.asked] == [("cand", "dump"), ("base", "compare")]
+    assert all(p.get("kept") is True for _, _, p in s.asked)
+    [entry] = res.probes["timed_calls"]
+    assert entry["pair"] == 2 and entry["worst"]["tensor"] == "s0:out0"
+    tc = s.out.timed_calls
+    if case == "base-nonfinite":  # the draw is outside the op's domain for the base: not judged
+        assert "non-finite" in entry["skipped"] and tc["skipped"] == 1 and tc["checked"] == 0 and not res.findings
+    elif case == "match":
+        assert tc["checked"] == 1 and tc["differ"] == 0 and not res.findings
+    else:
+        [f] = res.findings
+        assert f.rule == "timed-call-differs" and tc["differ"] == 1
+        assert f.blocking is (case == "differs") and (res.status == "blocked") is (case == "differs")
+        assert "3 non-finite" in f.message if case == "differs" else "A/A" in f.message
