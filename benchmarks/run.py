@@ -29,7 +29,7 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   integrity a bench beside another process's load (marked contended; --exclusive refuses), FLA's
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
   timed     the timed-call check's cost (share of a warm A/A) and a plant wrong only on the graph's
-            replays after its proof (blocked by timed-call-differs alone)
+            replays after its proof (blocked by timed-call-differs alone), on FLA and (the GPU test) minifla
   l2        `bench --aa --l2 both`: hot and cold cells each within 0.25%, the flush's cost, cold / hot
   reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py);
             FLALOOP_REACH_TOOLS=racecheck (say) asks one tool's questions only
@@ -138,7 +138,7 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          "h200-integrity": [[["machine", "integrity", "l2"]]],
          "h200-l2": [[["machine", "l2"]]],
          # issue 37: the timed-call check's cost on a warm A/A, the capture-only plant on FLA, the GPU tests
-         "h200-timed": [[["machine", "timed", "selftest"]]],
+         "h200-timed": [[["machine", "timed"]]],
          # issue 24: FLA's Gluon backend of fused_attnres through the loop, then Triton against Gluon
          "h200-gluon": [[["machine", "gluon"]]],
          # issue 24: FLA's TileLang backend of parallel_attn the same way; its wheels staged first

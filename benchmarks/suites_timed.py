@@ -2,9 +2,13 @@
 random timed call of every round against the base's costs a bench (the copy of that call's results,
 the transfer to the base and its comparison: `guard.timed_calls` in the record), as a share of a
 warm bench; then a plant the timed check alone must block: a path taken only while a CUDA graph is
-captured, right on the graph proof's replay and wrong on every later (timed) one."""
+captured, right on the graph proof's replay and wrong on every later (timed) one; then the same
+plant on minifla, the GPU test of tests/redteam/test_timed_calls.py (the selftest suite collects
+tests/test_*.py only)."""
 
 from __future__ import annotations
+
+import sys
 
 from harness import OP, SMALL, Ctx, cells_line, fla_copy, goal, init, record_of, run, write
 
@@ -89,5 +93,11 @@ def suite_timed(ctx: Ctx) -> None:
     lines += cells_line(rec)
     goal("captured-only plant blocked by the timed check", code == 1 and {f["rule"] for f in found} == {"timed-call-differs"},
          f"exit {code}, blocking rules {sorted({f['rule'] for f in found})}")
+
+    code, wall, _ = run(ctx, [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/redteam/test_timed_calls.py",
+                              "-p", "no:cacheprovider"], d / "pytest-gpu", env=env, flaloop=False, timeout=600)
+    lines.append(f"pytest -m gpu tests/redteam/test_timed_calls.py: exit {code} in {wall:.1f}s "
+                 f"(output in {(d / 'pytest-gpu.json').relative_to(ctx.out)})")
+    goal("minifla capture-only plant (GPU test)", code == 0, f"pytest exit {code}")
     write(d / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))
