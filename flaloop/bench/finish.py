@@ -21,7 +21,15 @@ def _guard(plan: MeasurePlan, m: Measurement) -> GuardSummary:
     findings = list(m.run_findings) + _static_findings(plan) + [f for r in m.results for f in r.findings]
     return GuardSummary(blocked=any(f.blocking for f in findings), findings=findings, static=plan.static,
                         integrity=m.integrity, allowed=plan.allowed, probes=plan.config.probes,
-                        probe_seconds=round(m.probe_seconds, 3))
+                        probe_seconds=round(m.probe_seconds, 3), timed_calls=_timed_calls(m))
+
+
+def _timed_calls(m: Measurement) -> dict:
+    """The timed-call checks (bench/timed.py) with their share of the run's wall time."""
+    out = dict(m.timed_calls or {})
+    if out:
+        out["share"] = round(out.get("seconds", 0.0) / m.wall_s, 4) if m.wall_s else None
+    return out
 
 
 def _implausible(record: RunRecord, allowed: list[dict]) -> None:

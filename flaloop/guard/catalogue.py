@@ -204,6 +204,14 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "captured into a graph (a cache, a counter, a skipped step) is measured doing something the "
          "checks never saw.",
          "compute every call the same way from its inputs, whatever came before it"),
+    Rule("timed-call-differs", BLOCK, "a timed call of the candidate, drawn at random, differs from the base's "
+                                      "same call on the same inputs",
+         "every other check calls the op outside the timed samples (the warm-up, the probes, the self-check); "
+         "an op whose results go wrong only while it is timed (keyed on a call counter, the process's age, a "
+         "graph being captured, the timing loop, or inputs it has seen) passes them all, and what is timed is "
+         "work nobody checked (GPU MODE reference-kernels #104 and #142; AgentKernelArena #82: one validation "
+         "call after timing is dodged by state-dependent behaviour).",
+         "compute every call the same way from its inputs, whatever came before it and whoever is watching"),
     Rule("probe-error", WARN, "a probe could not run on this cell",
          "a probe that fails checks nothing.",
          "read the worker's stderr in the run directory"),
@@ -252,7 +260,7 @@ RULES[UNEXPLAINED.id] = UNEXPLAINED
 
 
 # Wrong results are not a trade-off a reviewer can accept: these are never allowed.
-NEVER_ALLOWED = frozenset({"differs-from-base", "unseen-shape-differs"})
+NEVER_ALLOWED = frozenset({"differs-from-base", "unseen-shape-differs", "timed-call-differs"})
 
 
 def known(rule_id: str) -> bool:

@@ -305,3 +305,41 @@ def implausible(cell: str, cand_ms: float | None, floor_ms: float | None) -> Fin
         return None
     return finding("implausible-speedup", f"{cand_ms:.4g} ms per call is {floor_ms / cand_ms:.2f}x below the "
                    f"roofline floor of {floor_ms:.4g} ms", cell)
+
+
+def worst_tensor(cmp_: dict) -> dict:
+    """The tensor of a comparison (bench/worker/compare.compare_results) that differs most: one that
+    does not match first, then by relative RMS; {} when nothing was compared."""
+    tensors = cmp_.get("tensors") or {}
+    if not tensors:
+        return {}
+
+    def badness(kv):
+        t = kv[1]
+        rel = t.get("rel_rms")
+        return (not t.get("match"), t.get("nonfinite_self") or 0, math.inf if rel is None else rel)
+
+    name, t = max(tensors.items(), key=badness)
+    return {"tensor": name, **{k: t.get(k) for k in ("rel_rms", "max_abs", "nonfinite_self", "nonfinite_ref",
+                                                     "shape", "shape_ref", "missing")}}
+
+
+def timed_call_finding(cell: str, at: dict, worst: dict, tol: float | None, aa: bool = False) -> Finding:
+    """A timed call of the candidate, checked against the base's same call on the same inputs,
+    differs. In an A/A both sides are the base: the op varies between processes, reported only."""
+    pairs = f" of {at['of_pairs']}" if at.get("of_pairs") else ""
+    where = f"round {at.get('round')}, pair {at.get('pair', 0) + 1}{pairs}, " + (
+        "the graph's replay" if at.get("timer") == "cuda_graph" else
+        f"call {at.get('call', 0) + 1} of {at.get('k')}")
+    name, rel = worst.get("tensor", "-"), worst.get("rel_rms")
+    how = (f"{name} missing on the {'candidate' if worst.get('missing') == 'self' else 'base'}"
+           if worst.get("missing") else
+           f"{name} shape {worst.get('shape')} vs the base's {worst.get('shape_ref')}"
+           if worst.get("shape") != worst.get("shape_ref") else
+           f"{name} rel-RMS not finite" if rel is None else f"{name} rel-RMS {rel:.3g}")
+    nf = f", {worst['nonfinite_self']} non-finite" if worst.get("nonfinite_self") else ""
+    msg = f"{where}: the timed call differs from the base's on the same inputs: {how}{nf} (tol {tol})"
+    if aa:
+        return finding("timed-call-differs", msg + " (A/A: the base against itself, reported, not blocking)",
+                       cell, severity=WARN)
+    return finding("timed-call-differs", msg, cell)
