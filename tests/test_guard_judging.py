@@ -33,15 +33,19 @@ def test_a_timer_that_under_reports_leaves_a_wall_gap_on_its_side_only():
     assert judge.timer_wall_gap("c", lying, k=100, timer="cuda_eager") is None
 
 
+def eager(base: list[float], cand: list[float], host: float = 0.1) -> dict:
+    return {"base": {"wall_ms": base, "host_ms": [host] * len(base)},
+            "cand": {"wall_ms": cand, "host_ms": [host] * len(cand)}}
+
+
 def test_a_device_win_the_eager_wall_time_does_not_show_is_flagged_unless_launch_bound():
-    eager = {"base": {"median": 1.00}, "cand": {"median": 0.99}}
-    host = {"base": {"median": 0.10}, "cand": {"median": 0.10}}
-    f = judge.eager_disagrees("c", 1.25, eager, host)
-    assert f is not None and f.rule == "eager-disagrees"
-    assert judge.eager_disagrees("c", 1.25, {"base": {"median": 1.0}, "cand": {"median": 0.8}}, host) is None
-    launch_bound = {"base": {"median": 0.9}, "cand": {"median": 0.9}}
-    assert judge.eager_disagrees("c", 1.25, eager, launch_bound) is None
-    assert judge.eager_disagrees("c", 1.02, eager, host) is None  # too small to judge on 6 eager samples
+    steady = [1.0, 1.002, 0.998, 1.001, 0.999, 1.0]
+    none = eager(steady, [0.99 * x for x in steady])
+    f = judge.eager_disagrees("c", 1.25, none)
+    assert f is not None and f.rule == "eager-disagrees" and f.blocking
+    assert judge.eager_disagrees("c", 1.25, eager(steady, [0.8 * x for x in steady])) is None
+    assert judge.eager_disagrees("c", 1.25, eager(steady, [0.99 * x for x in steady], host=0.9)) is None  # launch-bound
+    assert judge.eager_disagrees("c", 1.02, none) is None  # too small to judge on 6 eager samples
 
 
 def _report(**over) -> dict:
@@ -86,11 +90,15 @@ def test_integrity_violations_the_base_shares_are_the_libraries_not_a_cheat():
     assert judge.integrity([], ["x was replaced"], aa=True) == []
 
 
-def test_a_cell_faster_than_its_roofline_floor_is_implausible():
-    f = judge.implausible("c", cand_ms=0.004, floor_ms=0.008)
-    assert f is not None and f.rule == "implausible-speedup" and f.blocking
-    assert judge.implausible("c", cand_ms=0.0079, floor_ms=0.008) is None  # within the 5% slack
-    assert judge.implausible("c", cand_ms=0.09, floor_ms=0.008) is None
+def test_a_cell_faster_than_its_roofline_floor_is_below_floor():
+    f = judge.below_floor("c", cand_ms=0.004, floor_ms=0.008, base_ms=0.02)
+    assert f is not None and f.rule == "below-floor" and f.blocking
+    assert "measured 0.004 ms" in f.message and "floor 0.008 ms" in f.message and "2.00x below" in f.message
+    assert judge.below_floor("c", cand_ms=0.0079, floor_ms=0.008) is None  # within the 5% slack
+    assert judge.below_floor("c", cand_ms=0.09, floor_ms=0.008) is None
+    # the base below the floor too, or a floor that is not a bound for this cell: named, not blocking
+    assert not judge.below_floor("c", 0.004, 0.008, base_ms=0.005).blocking
+    assert not judge.below_floor("c", 0.004, 0.008, 0.02, uncertain="no measured ceilings").blocking
 
 
 def test_one_near_zero_cell_cannot_hide_in_the_geomean():
@@ -103,10 +111,10 @@ def test_one_near_zero_cell_cannot_hide_in_the_geomean():
         r.pairs = [Pair("AB" if j % 2 == 0 else "BA", 1.0, ratio * (1 + 0.001 * (j % 3)), None, None)
                    for j in range(12)]
         results.append(r)
-    results[3].findings = [judge.implausible("S3/fwd", 0.01, 0.5)]
+    results[3].findings = [judge.below_floor("S3/fwd", 0.01, 0.5)]
     summary = analyse(results, margin=0.005).to_dict()
     geo = summary["geomean"]
     assert geo["speedup"] > 3 and math.isclose(geo["without_best_cell"], 1.0, rel_tol=0.01)
     assert geo["best_cell_id"] == "S3/fwd"
     assert results[3].verdict == "BLOCKED" and summary["n_blocked"] == 1
-    assert "implausible-speedup" in results[3].reason
+    assert "below-floor" in results[3].reason

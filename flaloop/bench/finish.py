@@ -9,7 +9,7 @@ from flaloop.bench.analysis import analyse
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.record import GuardSummary, RunRecord
 from flaloop.bench.session import Measurement
-from flaloop.guard import dynamic
+from flaloop.guard import timing
 from flaloop.guard.findings import Finding, apply_allowances
 
 
@@ -24,25 +24,28 @@ def _guard(plan: MeasurePlan, m: Measurement) -> GuardSummary:
                         probe_seconds=round(m.probe_seconds, 3))
 
 
-def _implausible(record: RunRecord, allowed: list[dict]) -> None:
-    """A candidate faster than its roofline floor is implausible: the cell is BLOCKED (unless the base
-    is below it too: then the model, not the candidate, is wrong, and it is only a warning)."""
+def _below_floor(record: RunRecord, allowed: list[dict]) -> None:
+    """A candidate faster than its roofline floor did not do the work: the cell is BLOCKED (only a
+    warning when the base is below it too, or the floor is uncertain: guard/timing.floor_uncertain).
+    An allowance recorded under the rule's earlier id, implausible-speedup, still applies."""
     if record.aa:
         return
+    ceilings = (record.roofline or {}).get("ceilings")
+    allowed = list(allowed or []) + [{**a, "rule": "below-floor"} for a in allowed or []
+                                     if a.get("rule") == "implausible-speedup"]
     for cell in record.cells:
-        roof, cand = cell.roofline, cell.summary.cand
-        f = dynamic.implausible(cell.id, cand.median if cand else None, roof.floor_ms if roof else None)
+        roof, cand, base = cell.roofline, cell.summary.cand, cell.summary.base
+        if not roof or not roof.floor_ms:
+            continue
+        f = timing.below_floor(cell.id, cand.median if cand else None, roof.floor_ms, base.median if base else None,
+                               timing.floor_uncertain(ceilings, roof.bound, cell.cell.dtype))
         if f is None:
             continue
-        if roof and (roof.pct_of_floor_base or 0) > 100:
-            f = dynamic.finding("implausible-speedup", f.message + " (the base is below it too: the model is "
-                                "off for this op)", f.cell, severity="warn")
         (f,) = apply_allowances([f], allowed)
         cell.findings.append(f)
         record.guard.findings.append(f)
         if f.blocking and cell.verdict not in ("BLOCKED", None):
-            cell.reason = (cell.reason + "; " if cell.reason else "") + \
-                f"guard: implausible-speedup (measured {cell.verdict})"
+            cell.reason = (cell.reason + "; " if cell.reason else "") + f"guard: below-floor (measured {cell.verdict})"
             cell.verdict = "BLOCKED"
             record.guard.blocked = True
     record.summary.n_blocked = sum(c.verdict == "BLOCKED" for c in record.cells)
@@ -84,5 +87,5 @@ def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None =
             record.errors.append(f"roofline ceilings not measured: {m.ceilings_error}")
         ceilings = roofline.Ceilings.from_dict(m.ceilings) if m.ceilings else None
         roofline.annotate(record, ceilings, roofline.family_for(plan.registry_entry, plan.op))
-        _implausible(record, plan.allowed)
+        _below_floor(record, plan.allowed)
     return record
