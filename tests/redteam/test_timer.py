@@ -7,14 +7,25 @@ that under-reports on every pair must block, with or without the other process."
 from __future__ import annotations
 
 import random
+import subprocess
 
-from test_contention import GpuScript, gpu_session, other_job  # noqa: F401  (a fixture)
+import pytest
+from test_contention import GpuScript, gpu_session
 
 from flaloop.bench.analysis import analyse
 from flaloop.bench.model import Pair
 from flaloop.guard import timing
 
 OTHER = [4242]  # a foreign pid on the GPU
+
+
+@pytest.fixture
+def other_job():
+    """A real process of this machine standing for another user's job on the GPU."""
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
 
 
 def shared_gpu_pairs(n: int = 24, per_call: float = 0.5, gap_us: float = 20.0, spread_us: float = 8.0,
