@@ -211,7 +211,7 @@ def _gap_lines(rec: dict) -> list[str]:
         rows = [p for p in pairs if p.dropped is None and p.base_wall_ms and p.cand_wall_ms]
         if c.get("timer") != "cuda_graph" or len(rows) < timing.MIN_PAIRS:
             continue
-        judged, where = timing._judged(rows)
+        judged, _, _ = timing._judged(rows)
         per_call = sorted(p.base_ms for p in judged)[len(judged) // 2]
         gap = timing.Shift([(p.cand_wall_ms - p.cand_ms) - (p.base_wall_ms - p.base_ms) for p in judged],
                            [p.base_wall_ms - p.base_ms for p in judged], [p.round for p in judged],

@@ -11,7 +11,10 @@ A difference blocks only when all of these hold (docs/GUARD.md, "Timing checks u
   against itself (the robust SD of the base's own per-pair reading): an excess the base's own
   readings reach is noise, not evidence;
 * every round (fresh processes, the order swapped) shows it: a timer trick is in the code, so it
-  is in every round; a process that happened to run beside a busy neighbour is in one.
+  is in every round; a process that happened to run beside a busy neighbour is in one;
+* judged on pairs beside another process, it is also at least `CONTENDED_SHARE` of the call: what
+  the neighbour does to one side's host and launches is not noise a pair cancels, and a smaller
+  under-report is left to `--exclusive`.
 
 Where pairs ran beside another process on the GPU (`Pair.foreign`), the uncontended pairs decide
 when there are enough of them; when there are not and the difference is material but not
@@ -30,6 +33,7 @@ from flaloop.guard.findings import WARN, Finding
 
 MIN_PAIRS = 4           # a cross-check needs this many pairs with both readings
 SPREAD_Z = 2.0          # an excess must pass this many robust SDs of the base's own reading
+CONTENDED_SHARE = 0.03  # beside another process, an excess decides only past this share of the call
 MAD_SD = 1.4826         # median absolute deviation -> standard deviation under normal noise
 FLOOR_SLACK = 0.95      # the ceilings' own measurement error: a candidate above 95% of its floor passes
 EXCLUSIVE = "measure again with `--exclusive` (waits for the GPU to be free, drops pairs beside others)"
@@ -56,12 +60,15 @@ class Shift:
     """The paired comparison of one quantity: per-pair differences (candidate minus base), the
     base's own readings, and each pair's round."""
 
-    def __init__(self, diffs: list[float], base: list[float], rounds: list[int], min_effect: float):
+    def __init__(self, diffs: list[float], base: list[float], rounds: list[int], min_effect: float,
+                 decisive_effect: float | None = None):
         self.n = len(diffs)
         self.point, self.low, self.high = stats.shift_interval(diffs)
         self.noise = robust_sd(base)
         self.min_effect = min_effect
-        self.tol = max(min_effect, SPREAD_Z * self.noise)
+        # beside another process a smaller excess is said (`material`) but only a larger one decides
+        self.decisive_effect = max(min_effect, decisive_effect or 0.0)
+        self.tol = max(self.decisive_effect, SPREAD_Z * self.noise)
         by_round: dict[int, list[float]] = {}
         for d, r in zip(diffs, rounds, strict=True):
             by_round.setdefault(r, []).append(d)
@@ -70,7 +77,7 @@ class Shift:
     @property
     def decisive(self) -> bool:
         """Beyond the tolerance, with every round's own median past the minimum effect."""
-        return self.low > self.tol and all(m > self.min_effect for m in self.rounds.values())
+        return self.low > self.tol and all(m > self.decisive_effect for m in self.rounds.values())
 
     @property
     def material(self) -> bool:
@@ -85,17 +92,20 @@ class Shift:
                    if len(self.rounds) > 1 else ""))
 
 
-def _judged(rows: list) -> tuple[list, str]:
-    """The pairs to judge on: the uncontended ones when there are enough, else all of them."""
+def _judged(rows: list) -> tuple[list, str, bool]:
+    """The pairs to judge on (the uncontended ones when there are enough, else all of them), what
+    they are in words, and whether the judgement rests on contended pairs."""
     clean = [p for p in rows if not _contended(p)]
     if len(clean) >= MIN_PAIRS:
-        return clean, (f"the {len(clean)} pairs with the GPU to themselves" if len(clean) < len(rows) else "")
-    return rows, f"{len(rows) - len(clean)} of {len(rows)} pairs beside another process on the GPU"
+        return clean, (f"the {len(clean)} pairs with the GPU to themselves" if len(clean) < len(rows) else ""), False
+    busy = len(rows) - len(clean)
+    return rows, f"{busy} of {len(rows)} pairs beside another process on the GPU" if busy else "", busy > 0
 
 
-def _unsure(cell: str, rule: str, what: str, contended: str) -> Finding:
-    if contended and "beside another process" in contended:
-        return _finding("contended-unsure", f"{rule} cannot decide: {what} ({contended}); {EXCLUSIVE}", cell)
+def _unsure(cell: str, rule: str, what: str, contended: bool, where: str = "") -> Finding:
+    """Neither a block nor silence: the check could not decide, and says what would settle it."""
+    if contended:
+        return _finding("contended-unsure", f"{rule} cannot decide: {what} ({where}); {EXCLUSIVE}", cell)
     return _finding(rule, f"unsure, not blocking: {what}; the base varies as much against itself; {EXCLUSIVE}",
                     cell, severity=WARN)
 
@@ -115,17 +125,17 @@ def timer_wall_gap(cell: str, pairs: list, k: int | None, timer: str | None) -> 
     rows = [p for p in pairs if p.dropped is None and p.base_wall_ms and p.cand_wall_ms]
     if len(rows) < MIN_PAIRS:
         return None
-    judged, where = _judged(rows)
+    judged, where, contended = _judged(rows)
     per_call = statistics.median(p.base_ms for p in judged)
     k = max(1, k or 1)
     gap = Shift([(p.cand_wall_ms - p.cand_ms) - (p.base_wall_ms - p.base_ms) for p in judged],
                 [p.base_wall_ms - p.base_ms for p in judged], [p.round for p in judged],
-                min_effect=0.002 * per_call + 0.02 / k)
+                min_effect=0.002 * per_call + 0.02 / k, decisive_effect=CONTENDED_SHARE * per_call if contended else None)
     what = gap.describe(1e3, "the candidate's device time falls short of its wall time by more than the base's:")
     if gap.decisive:
         return _finding("timer-wall-gap", what + (f" (judged on {where})" if where else ""), cell)
     if gap.material:
-        return _unsure(cell, "timer-wall-gap", what, where)
+        return _unsure(cell, "timer-wall-gap", what, contended, where)
 
     def over(ms, wall):
         return ms > wall * 1.001 + 0.01 / k
@@ -167,8 +177,7 @@ def eager_disagrees(cell: str, speedup: float | None, eager: dict, contended: bo
     if high < s / 3 and SPREAD_Z * noise < s / 3:  # decisive even beside another process
         return _finding("eager-disagrees", what + " (beside another process on the GPU)", cell)
     if point < s / 3:
-        return _unsure(cell, "eager-disagrees", what,
-                       "pairs beside another process on the GPU" if contended else "")
+        return _unsure(cell, "eager-disagrees", what, contended, "pairs beside another process on the GPU")
     return None
 
 
