@@ -61,6 +61,17 @@ def test_an_honest_change_beside_another_process_is_never_blocked_and_the_doubt_
     assert "--exclusive" in f.message and "tolerance" in f.message and "40 of 40 pairs beside" in f.message
 
 
+def test_a_systematic_excess_beside_another_process_is_said_but_decides_only_past_three_percent_of_the_call():
+    """What the neighbour does to one side's host is not noise a pair cancels: a 10 us excess on every
+    contended pair of a ~1 ms call (1%) is named, never blocked; the same on a quiet GPU blocks."""
+    for seed in range(40):
+        f = timing.timer_wall_gap("c", shared_gpu_pairs(n=40, honest_tilt_us=10.0, spread_us=4.0, seed=seed), k=20,
+                                  timer="cuda_graph")
+        assert f is not None and f.rule == "contended-unsure" and not f.blocking
+    quiet = shared_gpu_pairs(n=40, honest_tilt_us=10.0, spread_us=4.0, seed=0, foreign=[])
+    assert timing.timer_wall_gap("c", quiet, k=20, timer="cuda_graph").blocking
+
+
 def test_a_timer_that_under_reports_on_every_pair_blocks_with_or_without_the_other_process():
     for foreign in (OTHER, [], None):
         f = timing.timer_wall_gap("c", shared_gpu_pairs(cheat_us=60.0, foreign=foreign), k=20, timer="cuda_graph")
