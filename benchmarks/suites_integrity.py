@@ -210,14 +210,10 @@ def _gap_lines(rec: dict) -> list[str]:
     out = []
     for c in rec.get("cells") or []:
         pairs = [Pair.from_dict(p) for p in c.get("pairs") or []]
-        rows = [p for p in pairs if p.dropped is None and p.base_wall_ms and p.cand_wall_ms]
-        if c.get("timer") != "cuda_graph" or len(rows) < timing.MIN_PAIRS:
+        got = timing.wall_gap_shift(pairs, c.get("k")) if c.get("timer") == "cuda_graph" else None
+        if got is None:
             continue
-        judged, _, _ = timing._judged(rows)
-        per_call = sorted(p.base_ms for p in judged)[len(judged) // 2]
-        gap = timing.Shift([(p.cand_wall_ms - p.cand_ms) - (p.base_wall_ms - p.base_ms) for p in judged],
-                           [p.base_wall_ms - p.base_ms for p in judged], [p.round for p in judged],
-                           0.002 * per_call + 0.02 / max(1, c.get("k") or 1))
+        gap, rows = got[0], got[1]
         out.append(f"    {c['cell']['id']}: {gap.describe(1e3, 'gap excess')}; decisive {gap.decisive}, material "
                    f"{gap.material}; {sum(bool(p.foreign) for p in rows)} of {len(rows)} pairs contended")
     return out

@@ -110,6 +110,21 @@ def _unsure(cell: str, rule: str, what: str, contended: bool, where: str = "") -
                     cell, severity=WARN)
 
 
+def wall_gap_shift(pairs: list, k: int | None) -> tuple[Shift, list, str, bool] | None:
+    """The paired wall-minus-device gap excess of a cell's pairs (None below `MIN_PAIRS`): the Shift,
+    the pairs judged, what they are in words, and whether they were contended."""
+    rows = [p for p in pairs if p.dropped is None and p.base_wall_ms and p.cand_wall_ms]
+    if len(rows) < MIN_PAIRS:
+        return None
+    judged, where, contended = _judged(rows)
+    per_call = statistics.median(p.base_ms for p in judged)
+    k = max(1, k or 1)
+    gap = Shift([(p.cand_wall_ms - p.cand_ms) - (p.base_wall_ms - p.base_ms) for p in judged],
+                [p.base_wall_ms - p.base_ms for p in judged], [p.round for p in judged],
+                min_effect=0.002 * per_call + 0.02 / k, decisive_effect=CONTENDED_SHARE * per_call if contended else None)
+    return gap, judged, where, contended
+
+
 def timer_wall_gap(cell: str, pairs: list, k: int | None, timer: str | None) -> Finding | None:
     """Device time vs host wall time of the same synchronized graph replays, base against candidate.
 
@@ -122,15 +137,11 @@ def timer_wall_gap(cell: str, pairs: list, k: int | None, timer: str | None) -> 
     """
     if timer != "cuda_graph":
         return None
-    rows = [p for p in pairs if p.dropped is None and p.base_wall_ms and p.cand_wall_ms]
-    if len(rows) < MIN_PAIRS:
+    got = wall_gap_shift(pairs, k)
+    if got is None:
         return None
-    judged, where, contended = _judged(rows)
-    per_call = statistics.median(p.base_ms for p in judged)
+    gap, judged, where, contended = got
     k = max(1, k or 1)
-    gap = Shift([(p.cand_wall_ms - p.cand_ms) - (p.base_wall_ms - p.base_ms) for p in judged],
-                [p.base_wall_ms - p.base_ms for p in judged], [p.round for p in judged],
-                min_effect=0.002 * per_call + 0.02 / k, decisive_effect=CONTENDED_SHARE * per_call if contended else None)
     what = gap.describe(1e3, "the candidate's device time falls short of its wall time by more than the base's:")
     if gap.decisive:
         return _finding("timer-wall-gap", what + (f" (judged on {where})" if where else ""), cell)
