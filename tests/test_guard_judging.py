@@ -12,12 +12,13 @@ from flaloop.guard import dynamic as judge
 
 
 def pairs(base_ms: float, cand_ms: float, base_gap: float, cand_gap: float, n: int = 12) -> list[Pair]:
-    """n pairs whose wall time exceeds the device time by a gap per call on each side (tiny jitter)."""
+    """n pairs whose wall time exceeds the device time by a gap per call on each side (tiny jitter),
+    each seen alone on the GPU."""
     out = []
     for i in range(n):
         j = 1 + 0.001 * ((i % 3) - 1)
         out.append(Pair("AB" if i % 2 == 0 else "BA", base_ms * j, cand_ms * j, None, None,
-                        base_wall_ms=base_ms * j + base_gap, cand_wall_ms=cand_ms * j + cand_gap))
+                        base_wall_ms=base_ms * j + base_gap, cand_wall_ms=cand_ms * j + cand_gap, foreign=[]))
     return out
 
 
@@ -29,7 +30,7 @@ def test_a_timer_that_under_reports_leaves_a_wall_gap_on_its_side_only():
     f = judge.timer_wall_gap("c", lying, k=100, timer="cuda_graph")
     assert f is not None and f.rule == "timer-wall-gap" and f.blocking
     # a 1% lie is past the tolerance; the eager timer (host-bound walls) is never judged this way
-    assert judge.timer_wall_gap("c", pairs(0.1, 0.099, 0.0001, 0.0011), k=100, timer="cuda_graph")
+    assert judge.timer_wall_gap("c", pairs(0.1, 0.099, 0.0001, 0.0011), k=100, timer="cuda_graph").blocking
     assert judge.timer_wall_gap("c", lying, k=100, timer="cuda_eager") is None
 
 

@@ -52,8 +52,11 @@ def robust_sd(xs: list[float]) -> float:
     return MAD_SD * statistics.median(abs(x - m) for x in xs)
 
 
-def _contended(p) -> bool:
-    return bool(getattr(p, "foreign", None))
+def _quiet(p) -> bool:
+    """A pair NVML saw alone on the GPU. One it could not list (`foreign` None: a process list that
+    shows nobody, as in a container without the host's PID namespace) may have had company, so it is
+    judged as contended."""
+    return getattr(p, "foreign", None) == []
 
 
 class Shift:
@@ -95,19 +98,23 @@ class Shift:
 def _judged(rows: list) -> tuple[list, str, bool]:
     """The pairs to judge on (the uncontended ones when there are enough, else all of them), what
     they are in words, and whether the judgement rests on contended pairs."""
-    clean = [p for p in rows if not _contended(p)]
+    clean = [p for p in rows if _quiet(p)]
     if len(clean) >= MIN_PAIRS:
         return clean, (f"the {len(clean)} pairs with the GPU to themselves" if len(clean) < len(rows) else ""), False
-    busy = len(rows) - len(clean)
-    return rows, f"{busy} of {len(rows)} pairs beside another process on the GPU" if busy else "", busy > 0
+    busy = sum(bool(p.foreign) for p in rows)
+    unseen = sum(p.foreign is None for p in rows)
+    where = ", ".join(x for x in (f"{busy} of {len(rows)} pairs beside another process on the GPU" if busy else "",
+                                  f"{unseen} of {len(rows)} pairs NVML could not list processes for" if unseen else "")
+                      if x)
+    return rows, where, True
 
 
 def _unsure(cell: str, rule: str, what: str, contended: bool, where: str = "") -> Finding:
     """Neither a block nor silence: the check could not decide, and says what would settle it."""
     if contended:
         return _finding("contended-unsure", f"{rule} cannot decide: {what} ({where}); {EXCLUSIVE}", cell)
-    return _finding(rule, f"unsure, not blocking: {what}; the base varies as much against itself; {EXCLUSIVE}",
-                    cell, severity=WARN)
+    return _finding(rule, f"unsure, not blocking: {what}; within what the base varies by against itself, or not "
+                    f"in every round; {EXCLUSIVE}", cell, severity=WARN)
 
 
 def wall_gap_shift(pairs: list, k: int | None) -> tuple[Shift, list, str, bool] | None:
