@@ -387,7 +387,7 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
                     if all(cid in d["cells"] for d in runs)} for s, runs in sides.items()}
     doc = {"kind": "explain", "schema": 1, "op": contract.op, "created": stamp, "command": command,
            "iter": iteration.iter, "base_commit": base_commit, "cand_commit": cand_commit, "record": vs["record"],
-           "steps": per_round * ROUNDS, "rounds": ROUNDS, "order": ["".join(o) for o in _orders(ROUNDS)],
+           "steps": per_round * ROUNDS, "rounds": ROUNDS, "order": [" then ".join(o) for o in _orders(ROUNDS)],
            "device": sides["cand"][0].get("device"),
            "kernels_are": "CUDA kernels" if sides["cand"][0].get("device") == "cuda" else
            "host work (no GPU): Triton kernels run by the interpreter, CPU operators and host time outside them",

@@ -202,6 +202,10 @@ def test_rounds_that_disagree_make_the_explanation_unsure_not_a_refusal():
                           [measured("c", 1.6, 1.2)])
     assert not doc["blocked"] and doc["unsure"] and "unsure, not refused" in doc["unsure"][0]
     assert "rounds: 100%, 5%" in doc["unsure"][0]
+    from flaloop.report_render import explanation_md
+
+    md = explanation_md({**doc, "steps": 10, "rounds": 2, "order": ["base then cand", "cand then base"], "kernels_are": "x"})
+    assert "**Unsure (not refused):**" in md and "in 2 rounds with the sides back to back" in md
     # a win no round's kernels show is refused, paired or not
     none = explain.account({"base": {"c": [side(BASE), side(BASE)]}, "cand": {"c": [side(BASE), side(BASE)]}},
                            [measured("c", 1.6, 1.2)])
