@@ -119,3 +119,62 @@ def test_one_near_zero_cell_cannot_hide_in_the_geomean():
     assert geo["best_cell_id"] == "S3/fwd"
     assert results[3].verdict == "BLOCKED" and summary["n_blocked"] == 1
     assert "below-floor" in results[3].reason
+
+
+def test_a_clear_win_on_unchanged_code_is_implausible_and_beside_a_load_only_unsure():
+    quiet = pairs(1.0, 0.5, 0.0, 0.0)
+    f = judge.same_code_speedup("c", 2.0, 1.9, quiet)
+    assert f.rule == "implausible-speedup" and f.blocking and "1.900x" in f.message
+    assert judge.same_code_speedup("c", 1.05, 1.02, quiet) is None  # within what placement does to a bench
+    for p in quiet[:3]:
+        p.foreign = [4242]
+    f = judge.same_code_speedup("c", 2.0, 1.9, quiet)
+    assert f.rule == "contended-unsure" and not f.blocking and "--exclusive" in f.message
+
+
+def test_the_audit_knows_a_diff_of_comments_docstrings_and_layout_from_a_change_of_code(tmp_path):
+    import subprocess
+
+    from flaloop.guard.audit import same_code
+    from flaloop.guard.static import Change
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "op.py").write_text('"""The op."""\n\ndef f(x):\n    """Doc."""\n    return x + 1\n')
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    changed = [Change("op.py", "modified")]
+    (tmp_path / "op.py").write_text('"""The op, reworded."""\n\n\ndef f(x):  # a comment\n    return (x\n            + 1)\n')
+    assert same_code(tmp_path, base, changed)
+    (tmp_path / "op.py").write_text('def f(x):\n    return x + 2\n')
+    assert not same_code(tmp_path, base, changed)
+    (tmp_path / "new.py").write_text("")
+    assert not same_code(tmp_path, base, [Change("new.py", "untracked")])
+
+
+def test_finish_blocks_a_clear_win_of_unchanged_code_unless_the_sides_differ_by_cand_env():
+    import types
+
+    from flaloop.bench.finish import _same_code
+    from flaloop.bench.model import BenchConfig
+    from flaloop.bench.record import RunRecord
+
+    def record():
+        cell = {"id": "S/fwd", "shape_name": "S", "shape": {"B": 1}, "mode": "fwd"}
+        est = {"speedup": 1.5, "ci_low": 1.4, "ci_high": 1.6, "log_ratio": -0.4, "half_width": 0.03, "n_pairs": 12,
+               "method": "hl+rank"}
+        return RunRecord.from_dict({"op": "op", "created": "", "base": {"commit": "b" * 40},
+                                    "candidate": {"commit": "c" * 40},
+                                    "cells": [{"cell": cell, "status": "ok", "verdict": "FASTER", "estimate": est,
+                                               "pairs": [p.__dict__ for p in pairs(1.0, 0.66, 0.0, 0.0)]}]})
+
+    def plan(**cfg):
+        return types.SimpleNamespace(config=BenchConfig(**cfg), static={"code_unchanged": True}, allowed=[])
+    rec = record()
+    _same_code(rec, plan())
+    assert rec.cells[0].verdict == "BLOCKED" and rec.guard.blocked and "implausible-speedup" in rec.cells[0].reason
+    rec = record()
+    _same_code(rec, plan(cand_env={"FLA_X": "1"}))
+    assert rec.cells[0].verdict == "FASTER" and not rec.cells[0].findings

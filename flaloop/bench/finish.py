@@ -51,6 +51,26 @@ def _below_floor(record: RunRecord, allowed: list[dict]) -> None:
     record.summary.n_blocked = sum(c.verdict == "BLOCKED" for c in record.cells)
 
 
+def _same_code(record: RunRecord, plan: MeasurePlan) -> None:
+    """A clear win where the diff leaves the code as it was (guard/timing.same_code_speedup); not
+    with `--cand-env`, whose sides differ on purpose by their environment."""
+    if record.aa or plan.config.cand_env or not (plan.static or {}).get("code_unchanged"):
+        return
+    for cell in record.cells:
+        est = cell.estimate
+        f = timing.same_code_speedup(cell.id, est.speedup if est else None, est.ci_low if est else None, cell.pairs)
+        if f is None:
+            continue
+        (f,) = apply_allowances([f], plan.allowed)
+        cell.findings.append(f)
+        record.guard.findings.append(f)
+        if f.blocking and cell.verdict not in ("BLOCKED", None):
+            cell.reason = (cell.reason + "; " if cell.reason else "") + f"guard: {f.rule} (measured {cell.verdict})"
+            cell.verdict = "BLOCKED"
+            record.guard.blocked = True
+    record.summary.n_blocked = sum(c.verdict == "BLOCKED" for c in record.cells)
+
+
 def _unseen(plan: MeasurePlan, m: Measurement) -> dict | None:
     """What the warm-up checked on shapes nobody times, with its share of the run's wall time."""
     if m.unseen is None:
@@ -79,6 +99,7 @@ def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None =
         errors=list(m.errors), wall_s=m.wall_s, timeline=m.timeline, lean_check=m.lean_check,
         waited_s={k: round(v, 2) for k, v in m.waited.items()}, transfer=m.transfer, unseen=_unseen(plan, m),
         guard=_guard(plan, m), summary=summary, cells=m.results)
+    _same_code(record, plan)
     if not m.interrupted and m.env:
         record.env["during"] = evidence.during_evidence(evidence.readings_of(record))
     if m.env and m.env.get("device") == "cuda":

@@ -193,9 +193,11 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "a result that beats the device's copy bandwidth or GEMM rate on the bytes and FLOPs the op must "
          "move is not computed (docs/ROOFLINE.md); a near-zero cell also collapses an equal-weight geomean.",
          "check what the candidate skips on this cell"),
-    Rule("implausible-speedup", BLOCK, "faster than the roofline floor of the cell (the id `below-floor` had before)",
-         "kept so that an allowance recorded under this id still covers `below-floor`.",
-         "check what the candidate skips on this cell"),
+    Rule("implausible-speedup", BLOCK, "a clear win on a candidate whose code is the base's",
+         "a diff that changes only comments, docstrings or layout runs the base's code, so a speedup "
+         "beyond noise comes from something the diff does not show: the environment, a cache, the "
+         "measurement. (An allowance under this id also covers `below-floor`, which had this id before.)",
+         "find what differs between the two sides besides the code; measure again with `--exclusive`"),
     Rule("contended-unsure", WARN, "a timing cross-check could not decide beside another process on the GPU",
          "the pairs it rests on ran while other processes shared the GPU, and the candidate's difference "
          "from the base lies within what the base's own readings spread by there: neither a cheat nor "

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from flaloop.guard import catalogue
 from flaloop.guard.findings import WARN, Finding
-from flaloop.guard.timing import below_floor, eager_disagrees, timer_wall_gap  # noqa: F401  (the timing checks)
+from flaloop.guard.timing import (  # noqa: F401  (the timing checks)
+    below_floor,
+    eager_disagrees,
+    same_code_speedup,
+    timer_wall_gap,
+)
 
 
 def finding(rule: str, message: str, cell: str | None = None, side: str | None = "cand",

@@ -232,3 +232,23 @@ def below_floor(cell: str, cand_ms: float | None, floor_ms: float | None, base_m
         return _finding("below-floor", msg + f" (not blocking: the floor is uncertain, {uncertain})", cell,
                         severity=WARN)
     return _finding("below-floor", msg, cell)
+
+
+SAME_CODE_SPEEDUP = 1.10  # the CI's low end a cell of unchanged code may not pass
+
+
+def same_code_speedup(cell: str, speedup: float | None, ci_low: float | None, pairs: list) -> Finding | None:
+    """A clear win on a candidate whose code is the base's (the diff changes comments, docstrings or
+    layout only, guard/audit.same_code): whatever made it faster is not in the diff (the environment,
+    a cache, the measurement itself). Blocks when the CI's low end passes `SAME_CODE_SPEEDUP` on
+    pairs seen alone on the GPU; beside another process (or unlisted) it is `contended-unsure`."""
+    if not speedup or not ci_low or ci_low <= SAME_CODE_SPEEDUP:
+        return None
+    msg = (f"the candidate's code is the base's (the diff changes comments, docstrings or layout only), yet "
+           f"this cell reads {speedup:.3f}x with its CI's low end at {ci_low:.3f}x (limit {SAME_CODE_SPEEDUP:.2f}x): "
+           "the win is not in the diff")
+    kept = [p for p in pairs if getattr(p, "dropped", None) is None]
+    if kept and all(_quiet(p) for p in kept):
+        return _finding("implausible-speedup", msg, cell)
+    return _finding("contended-unsure", f"implausible-speedup cannot decide: {msg} (pairs beside other processes, "
+                    f"or not listed); {EXCLUSIVE}", cell)
