@@ -21,6 +21,7 @@ Ops from flaloop.toml override registry entries of the same name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -37,7 +38,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
     import tomli as tomllib
 
-from flaloop import fsutil, git, procs
+from flaloop import fsutil, git, opcalls, opdecl, procs
 from flaloop.errors import StorageError, UsageError
 
 SCRIPT = Path(__file__).parent / "scripts" / "target_query.py"
@@ -56,6 +57,10 @@ class OpSpec:
     test_file_explicit: bool
     source: str  # "registry" or "flaloop.toml"
     registry: dict = field(default_factory=dict, compare=False, hash=False)
+    # the worker's declaration of its inputs (opdecl.normalize, or opcalls.declaration), when the
+    # bench builds them from flaloop.toml or from recorded calls rather than from the registry
+    declared: dict | None = field(default=None, compare=False, hash=False)
+    declare_error: UsageError | None = field(default=None, compare=False, hash=False)
 
     @property
     def package(self) -> str:
@@ -264,11 +269,18 @@ class Target:
             )
         for name, entry in self.config.get("ops", {}).items():
             explicit = "test_file" in entry
+            declared, error, registry = None, None, specs[name].registry if name in specs else {}
+            if any(k in entry for k in opdecl.OP_KEYS):  # its bench inputs are declared here
+                try:
+                    declared = opdecl.normalize(name, entry, self.registry().get("shape_configs"))
+                    registry = opdecl.registry_view(declared)
+                except UsageError as exc:  # said when the op is used, not when another one is listed
+                    error = exc
             specs[name] = OpSpec(
                 name=name, import_path=entry["import_path"], func_name=entry.get("func_name", name),
                 test_file=entry.get("test_file") or derived_test_file(entry["import_path"]),
-                test_file_explicit=explicit, source=CONFIG_FILE,
-                registry=specs[name].registry if name in specs else {},
+                test_file_explicit=explicit, source=CONFIG_FILE, registry=registry, declared=declared,
+                declare_error=error,
             )
         if not specs:
             raise UsageError(
@@ -281,6 +293,8 @@ class Target:
     def op(self, name: str) -> OpSpec:
         ops = {s.name: s for s in self.ops()}
         if name in ops:
+            if ops[name].declare_error is not None:
+                raise ops[name].declare_error
             return ops[name]
         close = difflib.get_close_matches(name, list(ops), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else "run `flaloop list` to see the ops"
@@ -299,6 +313,31 @@ class Target:
 
     def shape_configs(self, spec: OpSpec) -> dict[str, dict]:
         return spec.registry.get("default_shapes") or self.registry().get("shape_configs", {})
+
+    def bench_spec(self, spec: OpSpec, parameters: list[str] | None) -> OpSpec:
+        """`spec` with what the bench builds its inputs from: its registry entry, its declaration in
+        flaloop.toml, else the calls its frozen test made at the base (opcalls), which need the op's
+        parameter names (`parameters`, in signature order). A UsageError says what to declare."""
+        if spec.declared is not None or spec.registry.get("inputs"):
+            return spec
+        path = opcalls.calls_path(self.workspace(spec.name))
+        doc = opcalls.read(path)
+        where = (f"the registry {self._registry_name()} has no entry {spec.name!r}" if self.registry_file.exists()
+                 else "the repo has no registry")
+        hint = (f"declare its inputs under [ops.{spec.name}.inputs] in {CONFIG_FILE}, e.g.\n"
+                + opdecl.EXAMPLE.format(op=spec.name) + "\n(the op schema is in README.md)")
+        if doc is None:
+            raise UsageError(f"{spec.name} declares no bench inputs, {where}, and no calls of its test are recorded "
+                             f"at {path.relative_to(self.root)} (the base gate records them there)", hint)
+        if parameters is None:
+            raise UsageError(f"{spec.name}: the recorded calls need the op's signature", "run `flaloop init` first")
+        try:
+            decl = opcalls.declaration(doc, name=spec.name, import_path=spec.import_path, func_name=spec.func_name,
+                                       parameters=parameters, test_file=spec.test_file)
+        except ValueError as exc:
+            raise UsageError(f"{spec.name} declares no bench inputs, {where}, and its recorded calls "
+                             f"({path.relative_to(self.root)}) give none: {exc}", hint) from None
+        return dataclasses.replace(spec, declared=decl, registry=opdecl.registry_view(decl))
 
 
 @dataclass

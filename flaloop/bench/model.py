@@ -326,7 +326,13 @@ def make_cells(shape_configs: dict[str, dict], names: list[str], modes: list[str
     states = l2_states(l2)
     cells = []
     for name in names:
-        cells.extend(Cell(name, dict(shape_configs[name]), mode, dtype, l2=s) for mode in modes for s in states)
+        shape = dict(shape_configs[name])
+        if "seqlens" in shape:  # a packed shape of its own (a flaloop.toml shape): B = 1, T = their sum
+            lens = tuple(shape.pop("seqlens"))
+            shape = {**shape, "B": 1, "T": sum(lens)}
+            cells.extend(Cell(name, shape, mode, dtype, lens, l2=s) for mode in modes for s in states)
+            continue
+        cells.extend(Cell(name, shape, mode, dtype, l2=s) for mode in modes for s in states)
         if varlen:
             vname, vshape, lens = varlen_shape(name, shape_configs[name])
             cells.extend(Cell(vname, vshape, mode, dtype, lens, l2=s) for mode in modes for s in states)

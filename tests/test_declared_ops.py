@@ -1,0 +1,99 @@
+"""Ops outside the registry: an op declared in flaloop.toml goes init -> bench -> a verdict in a repo
+that has a registry, and a declaration the bench could not build from is refused at init (exit 2)
+with the flaloop.toml key to fix."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import commit_all, flaloop, make_repo
+from test_bench import QUICK
+
+TOY_GATE = '''
+
+def toy_gate(x, g, b, w, scale=1.0, half=None, cu_seqlens=None):
+    # finite only where the declaration's transforms and ties hold: b = -x, g in (0.5, 1)
+    assert half == x.shape[1] // 2, half
+    assert w.dtype == torch.float32 and not w.requires_grad and tuple(w.shape) == (x.shape[2],)
+    o = (-(x.float() * b.float())).log() + (g.float() - 0.5).log().unsqueeze(-1) + w[:, None] * scale
+    return o.to(x.dtype), None
+'''
+
+TOY_TOML = '''
+[ops.toy_gate]
+import_path = "toyop.ops.toy.fast"
+test_file = "tests/ops/test_toy.py"
+extra_kwargs = { scale = 0.5 }
+shape_kwargs = { half = "T // 2" }
+
+[ops.toy_gate.shapes]
+small = { B = 2, T = 16, H = 2, D = 8 }
+packed = { H = 2, D = 8, seqlens = [5, 11] }
+
+[ops.toy_gate.inputs]
+x = { shape = "B, T, H, D" }
+g = { shape = ["B", "T", "H"], transform = ["sigmoid", "scale:0.5", "add:0.5"] }
+b = { from = "x", transform = "neg" }
+w = { shape = "H", dtype = "float32", requires_grad = false }
+'''
+
+
+def test_an_op_declared_in_flaloop_toml_is_benched_in_a_repo_with_a_registry(toy):
+    """toy_gate is in no registry; its inputs, shapes (one packed), ties, transforms, dtypes and
+    keyword arguments are declared in flaloop.toml. Each is load-bearing: the op asserts or goes
+    non-finite where one is not applied."""
+    fast = toy / "toyop/ops/toy/fast.py"
+    fast.write_text(fast.read_text() + TOY_GATE)
+    (toy / "flaloop.toml").write_text(TOY_TOML)
+    commit_all_again(toy)
+    r = flaloop(toy, "init", "toy_gate", "--modes", "fwd", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["shapes"] == ["small", "packed"]
+    r = flaloop(toy, "bench", "toy_gate", "--json", "--aa", *QUICK)
+    assert r.code == 0, r.stderr
+    rec = r.json
+    cells = {c["cell"]["shape_name"]: c for c in rec["cells"]}
+    assert {n: c["status"] for n, c in cells.items()} == {"small": "ok", "packed": "ok"}, \
+        {n: c.get("reason") for n, c in cells.items()}
+    assert cells["packed"]["cell"]["seqlens"] == [5, 11] and cells["packed"]["cell"]["shape"]["T"] == 16
+    assert "cu_seqlens" in cells["packed"]["setup"]["base"]["extra_kwargs"]
+
+
+def commit_all_again(repo) -> None:
+    from conftest import git
+
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "declared op")
+
+
+BAD = [
+    # (what replaces the inputs table, the key the message names)
+    ('x = { shape = "B, T,, D" }', "[ops.naive_linear_attn.inputs] x.shape does not parse"),
+    ('x = { shape = "B, T, H, D", transform = "logsigmod" }', "[ops.naive_linear_attn.inputs] x.transform"),
+    ('x = { shape = "B, T, H, E" }', "lack E"),
+    ('x = { from = "y" }', "[ops.naive_linear_attn.inputs] x.from names 'y'"),
+]
+
+
+def test_bad_declarations_and_an_op_with_nothing_to_bench_are_refused_at_init(tmp_path):
+    """minifla has a registry; the op is not in it. Each bad declaration is exit 2 naming the key;
+    no declaration at all (and no recorded calls) is exit 2 with the table to add, as is an entry
+    point that does not import."""
+    repo = make_repo(tmp_path / "minifla")
+    head = ('[ops.naive_linear_attn]\nimport_path = "minifla.ops.linear_attn.naive"\n'
+            'test_file = "tests/ops/test_linear_attn.py"\n')
+    for inputs, named in BAD:
+        (repo / "flaloop.toml").write_text(head + "[ops.naive_linear_attn.inputs]\n" + inputs + "\n")
+        r = flaloop(repo, "init", "naive_linear_attn", "--json")
+        assert r.code == 2 and named in r.json["error"], (inputs, r.stdout, r.stderr)
+    (repo / "flaloop.toml").write_text(head)
+    r = flaloop(repo, "init", "naive_linear_attn", "--json")
+    assert r.code == 2, r.stderr
+    assert "declares no bench inputs, the registry benchmarks/ops/registry.py has no entry" in r.json["error"]
+    assert "profile/naive_linear_attn-opt/gate/calls.json" in r.json["error"]
+    assert "[ops.naive_linear_attn.inputs]" in r.json["hint"] and 'shape = "B, T, H, D"' in r.json["hint"]
+    (repo / "flaloop.toml").write_text(head + 'func_name = "no_such_fn"\n'
+                                       + '[ops.naive_linear_attn.inputs]\nq = { shape = "B, T, H, D" }\n')
+    r = flaloop(repo, "init", "naive_linear_attn", "--json")
+    assert r.code == 2 and "func_name" in r.json["hint"] and "[ops.naive_linear_attn]" in r.json["hint"], r.stdout
+    assert json.loads(r.stdout)["ok"] is False
