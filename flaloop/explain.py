@@ -288,12 +288,11 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
     out = directory(ws) / stamp
     out.mkdir(parents=True, exist_ok=True)
     env = profiling.step_env(ws)
-    registry_rel = target.registry_file.relative_to(target.root)
     base_commit, cand_commit = vs.get("base_commit") or contract.base_commit, iteration.commit
     sides: dict[str, dict] = {}
     with git.worktree(target.root, base_commit, "explain-base") as base_tree, \
             git.worktree(target.root, cand_commit, "explain-cand") as cand_tree:
-        registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does
+        registry = target.worker_registry(contract, base_tree, out)
         for side, tree in (("base", base_tree), ("cand", cand_tree)):
             say("side", side=side, cells=len(wires), steps=steps)
             sides[side] = _run_side(target.python, tree, registry, contract.op, wires, out, side, steps, device,

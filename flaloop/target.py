@@ -314,6 +314,38 @@ class Target:
     def shape_configs(self, spec: OpSpec) -> dict[str, dict]:
         return spec.registry.get("default_shapes") or self.registry().get("shape_configs", {})
 
+    def declared_at(self, spec: OpSpec, commit: str) -> OpSpec:
+        """`spec` with its flaloop.toml declaration as the file stands at `commit`: the bench builds
+        both sides' inputs from the base's, as it reads the base's registry, so that no edit of the
+        candidate's changes what is measured."""
+        if spec.declared is None or spec.declared.get("recorded"):
+            return spec
+        raw = git.file_at(self.root, commit, CONFIG_FILE)
+        try:
+            entry = tomllib.loads(raw.decode())["ops"][spec.name] if raw is not None else None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, KeyError, TypeError):
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("import_path"), str):
+            raise UsageError(f"the base {commit[:12]} declares no op {spec.name} in {CONFIG_FILE}",
+                             f"commit the [ops.{spec.name}] declaration, or choose a base that has it (--base)")
+        decl = opdecl.normalize(spec.name, entry, self.registry().get("shape_configs"))
+        return dataclasses.replace(spec, declared=decl, registry=opdecl.registry_view(decl))
+
+    def contract_spec(self, contract) -> OpSpec:
+        """The contract's op as the bench builds it (bench_spec, with the signature the contract holds)."""
+        return self.bench_spec(self.op(contract.op), [p["name"] for p in getattr(contract, "parameters", None) or []])
+
+    def worker_registry(self, contract, base_tree: Path, scratch: Path) -> Path:
+        """What a worker reads the op's inputs from: the base's registry (both sides read it, as the
+        bench does), or the op's declaration written into `scratch` (bench/worker/declared.py)."""
+        spec = self.declared_at(self.contract_spec(contract), contract.base_commit)
+        if spec.declared is not None:
+            return fsutil.atomic_write_json(Path(scratch) / "op-declared.json", spec.declared)
+        if not self.registry_file.is_file():
+            raise UsageError(f"{contract.op} has no registry entry to build inputs from",
+                             f"the bench reads TensorSpecs from {self.registry_file.relative_to(self.root)}")
+        return Path(base_tree) / self.registry_file.relative_to(self.root)
+
     def bench_spec(self, spec: OpSpec, parameters: list[str] | None) -> OpSpec:
         """`spec` with what the bench builds its inputs from: its registry entry, its declaration in
         flaloop.toml, else the calls its frozen test made at the base (opcalls), which need the op's

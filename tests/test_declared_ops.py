@@ -57,6 +57,11 @@ def test_an_op_declared_in_flaloop_toml_is_benched_in_a_repo_with_a_registry(toy
         {n: c.get("reason") for n, c in cells.items()}
     assert cells["packed"]["cell"]["seqlens"] == [5, 11] and cells["packed"]["cell"]["shape"]["T"] == 16
     assert "cu_seqlens" in cells["packed"]["setup"]["base"]["extra_kwargs"]
+    # the bench reads the declaration at the base, as it reads the base's registry: undoing the tie
+    # in the working tree (which would take the op outside its domain) changes nothing measured
+    (toy / "flaloop.toml").write_text(TOY_TOML.replace('b = { from = "x", transform = "neg" }', 'b = { like = "x" }'))
+    r = flaloop(toy, "bench", "toy_gate", "--json", "--aa", *QUICK, "--shapes", "small")
+    assert r.code == 0 and r.json["cells"][0]["status"] == "ok", r.stderr
 
 
 def commit_all_again(repo) -> None:

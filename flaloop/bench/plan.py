@@ -85,7 +85,7 @@ def plan(target, contract, *, base: TreeRef, candidate: TreeRef, shapes: list[st
          static: dict | None = None, gate: dict | None = None, last_gate: dict | None = None,
          command: str = "", label: str | None = None) -> MeasurePlan:
     """The cells and everything else a session on `candidate` against `base` needs (no process starts)."""
-    spec = target.bench_spec(target.op(contract.op), [p["name"] for p in contract.parameters or []])
+    spec = target.declared_at(target.contract_spec(contract), base.commit)
     if spec.declared is not None:  # the worker builds its inputs from the declaration (bench/measure.py)
         registry_rel = ""
     else:
