@@ -95,3 +95,30 @@ def test_bad_declarations_and_an_op_with_nothing_to_bench_are_refused_at_init(tm
     r = flaloop(repo, "init", "naive_linear_attn", "--json")
     assert r.code == 2 and "func_name" in r.json["hint"] and "[ops.naive_linear_attn]" in r.json["hint"], r.stdout
     assert json.loads(r.stdout)["ok"] is False
+
+
+def test_an_op_that_declares_no_inputs_is_benched_from_the_calls_its_test_recorded(toy):
+    """No registry entry, no [ops.NAME.inputs]: the cells are the largest recorded calls of one
+    kind (the same keyword values), taken from calls.json beside the base gate's baseline."""
+    (toy / "flaloop.toml").write_text('[ops.toy_rec]\nimport_path = "toyop.ops.toy"\nfunc_name = "toy_attn"\n'
+                                      'test_file = "tests/ops/test_toy.py"\n')
+    commit_all_again(toy)
+    r = flaloop(toy, "init", "toy_rec", "--json")
+    assert r.code == 2 and "profile/toy_rec-opt/gate/calls.json" in r.json["error"], r.stdout
+
+    def t(*shape):
+        return {"tensor": {"shape": list(shape), "dtype": "bfloat16", "requires_grad": True}}
+    calls = [{"fn": "toyop.ops.toy.fast:toy_attn", "count": 2, "args": [t(1, 40, 2, 8)] * 3, "kwargs": {}},
+             {"fn": "toyop.ops.toy.fast:toy_attn", "count": 2, "args": [t(1, 17, 2, 8)] * 3,
+              "kwargs": {"scale": {"value": 0.3}}},
+             {"fn": "toyop.ops.toy.fast:toy_attn", "count": 1, "args": [t(1, 5, 2, 8)] * 3, "kwargs": {}}]
+    gate = toy / "profile/toy_rec-opt/gate"
+    gate.mkdir(parents=True)
+    (gate / "calls.json").write_text(json.dumps({"schema": 1, "package": "toyop", "calls": calls}))
+    r = flaloop(toy, "init", "toy_rec", "--modes", "fwd", "--json")
+    assert r.code == 0, r.stderr
+    assert r.json["shapes"] == ["call0_1x40x2x8", "call2_1x5x2x8"]
+    r = flaloop(toy, "bench", "toy_rec", "--json", "--aa", *QUICK, "--shapes", "call2_1x5x2x8")
+    assert r.code == 0, r.stderr
+    (cell,) = r.json["cells"]
+    assert cell["status"] == "ok" and cell["cell"]["shape"]["q_1"] == 5, cell.get("reason")
