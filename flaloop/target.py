@@ -11,6 +11,7 @@ entry names `test_file`. A repo without such a registry describes its ops in `fl
     import_path = "mypkg.ops.my_op"     # module that exports the op
     func_name = "my_op"                 # default: the op's name
     test_file = "tests/test_my_op.py"   # default: tests/ops/test_<last segment>.py
+    # and its bench inputs, shapes and keyword arguments: opdecl.py (README.md has the schema)
 
     [gate]
     strip_env = ["MY_LENIENT_MODE"]     # more variables that weaken the tests

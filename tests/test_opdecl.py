@@ -191,3 +191,12 @@ def test_the_worker_builds_a_declarations_inputs_as_declared():
     assert kw["n"] == 5
     with pytest.raises(KeyError):
         DeclaredRegistry(d).get_op("other")
+
+
+def test_the_shape_guard_knows_the_sizes_of_declared_shapes():
+    from flaloop.guard.static import declared_shape_ints
+
+    toml = (b'[ops.x]\nimport_path = "a"\n[ops.x.shapes]\nsmall = { B = 2, T = 96, H = 3 }\n'
+            b'packed = { H = 4, seqlens = [33, 63] }\n[ops.y]\nimport_path = "b"\n')
+    assert declared_shape_ints(toml) == {2, 96, 3, 4, 33, 63}
+    assert declared_shape_ints(None) == set() and declared_shape_ints(b"[ops.x\n") == set()
