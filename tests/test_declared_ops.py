@@ -103,8 +103,6 @@ def test_an_op_that_declares_no_inputs_is_benched_from_the_calls_its_test_record
     (toy / "flaloop.toml").write_text('[ops.toy_rec]\nimport_path = "toyop.ops.toy"\nfunc_name = "toy_attn"\n'
                                       'test_file = "tests/ops/test_toy.py"\n')
     commit_all_again(toy)
-    r = flaloop(toy, "init", "toy_rec", "--json")
-    assert r.code == 2 and "profile/toy_rec-opt/gate/calls.json" in r.json["error"], r.stdout
 
     def t(*shape):
         return {"tensor": {"shape": list(shape), "dtype": "bfloat16", "requires_grad": True}}
