@@ -345,6 +345,9 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         raise UsageError(f"unknown mode(s) {', '.join(bad)}", f"choose from {', '.join(MODES)}")
     if l2 not in L2_MODES:
         raise UsageError(f"--l2 {l2}: not one of {', '.join(L2_MODES)}", "e.g. --l2 both: a hot and a cold cell each")
+    # the bench builds a declared op's inputs from the declaration the base commit has: refused
+    # now where the base has none (flaloop.toml not committed), not at the first bench
+    spec = target.declared_at(spec, base_commit)
     answer = None
     if spec.declared is None and not spec.registry.get("inputs"):
         # inputs from the calls its test recorded: refused now where there are none, else they

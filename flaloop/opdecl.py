@@ -238,10 +238,9 @@ def normalize(name: str, entry: dict, registry_shapes: dict | None = None) -> di
         have = set(dims) | ({"B", "T"} if "seqlens" in dims else set())
         missing = sorted(used - have)
         if missing:
-            table = f"[ops.{name}.shapes] {shape_name}" if entry.get("shapes") else "the registry's SHAPE_CONFIGS"
-            raise _bad(table if entry.get("shapes") else f"[ops.{name}.shapes]",
-                       f"{'lacks' if entry.get('shapes') else f'is not given, and {table} lack'} "
-                       f"{', '.join(missing)}, which the inputs' shapes use",
+            where_, what = ((f"[ops.{name}.shapes] {shape_name}", "lacks") if entry.get("shapes") else
+                            (f"[ops.{name}.shapes]", f"is not given, and the registry's shape {shape_name} lacks"))
+            raise _bad(where_, f"{what} {', '.join(missing)}, which the inputs' shapes use",
                        f"give every named shape every dimension the inputs use, e.g.\n[ops.{name}.shapes]\n"
                        f"small = {{ {', '.join(f'{d} = 16' for d in sorted(used))} }}")
     constraints = entry.get("dim_constraints") or {}

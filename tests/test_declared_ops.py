@@ -75,8 +75,8 @@ BAD = [('x = { shape = "B, T,, D" }', "[ops.naive_linear_attn.inputs] x.shape do
 
 def test_bad_declarations_and_an_op_with_nothing_to_bench_are_refused_at_init(tmp_path):
     """minifla has a registry; the op is not in it. Each bad declaration is exit 2 naming the key;
-    no declaration at all (and no recorded calls) is exit 2 with the table to add, as is an entry
-    point that does not import."""
+    no declaration at all (and no recorded calls) is exit 2 with the table to add, as are a
+    declaration the base commit lacks and an entry point that does not import."""
     repo = make_repo(tmp_path / "minifla")
     head = ('[ops.naive_linear_attn]\nimport_path = "minifla.ops.linear_attn.naive"\n'
             'test_file = "tests/ops/test_linear_attn.py"\n')
@@ -92,6 +92,11 @@ def test_bad_declarations_and_an_op_with_nothing_to_bench_are_refused_at_init(tm
     assert "[ops.naive_linear_attn.inputs]" in r.json["hint"] and 'shape = "B, T, H, D"' in r.json["hint"]
     (repo / "flaloop.toml").write_text(head + 'func_name = "no_such_fn"\n'
                                        + '[ops.naive_linear_attn.inputs]\nq = { shape = "B, T, H, D" }\n')
+    # the bench reads the declaration at the base: one only in the working tree is refused at init
+    r = flaloop(repo, "init", "naive_linear_attn", "--json")
+    assert r.code == 2 and "declares no op naive_linear_attn in flaloop.toml" in r.json["error"], r.stdout
+    assert "commit the [ops.naive_linear_attn] declaration" in r.json["hint"]
+    commit_all_again(repo)
     r = flaloop(repo, "init", "naive_linear_attn", "--json")
     assert r.code == 2 and "func_name" in r.json["hint"] and "[ops.naive_linear_attn]" in r.json["hint"], r.stdout
     assert json.loads(r.stdout)["ok"] is False

@@ -46,7 +46,7 @@ def test_transforms_chain_and_unknown_ones_are_named():
 def test_every_bad_key_is_refused_with_the_key_named():
     cases = [
         ({"q": {"shape": "B, T,, D"}}, {}, "[ops.op.inputs] q.shape does not parse"),
-        ({"q": {"shape": "B, T, H, E"}}, {}, "lack E"),
+        ({"q": {"shape": "B, T, H, E"}}, {}, "[ops.op.shapes] is not given, and the registry's shape small lacks E"),
         ({"q": {"shape": "B, T, H, D"}, "b": {"from": "zz"}}, {}, "[ops.op.inputs] b.from names 'zz'"),
         ({"b": {"like": "q"}, "q": {"shape": "B"}}, {}, "[ops.op.inputs] b.like names 'q'"),
         ({"q": {"shape": "B", "like": "x"}}, {}, "needs exactly one of shape, like, from"),
