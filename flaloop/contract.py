@@ -22,7 +22,7 @@ from pathlib import Path
 from flaloop import __version__, fsutil, git, opcalls
 from flaloop.bench.model import L2_MODES, L2_WORDS, MODES
 from flaloop.errors import UsageError
-from flaloop.target import CONFIG_FILE, OpSpec, Target, run_query
+from flaloop.target import CONFIG_FILE, OpSpec, Target, argument_names, run_query
 
 SCHEMA = 1
 LANGS = ("triton", "gluon", "tilelang", "cute", "cuda", "torch")
@@ -355,7 +355,7 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         if opcalls.read(opcalls.calls_path(target.workspace(spec.name))) is None:
             target.bench_spec(spec, [])
         frozen, answer = compute_frozen(target, spec, base_commit)
-        spec = target.bench_spec(spec, [p["name"] for p in answer["parameters"]])
+        spec = target.bench_spec(spec, argument_names(answer["parameters"]))
     known_shapes = target.shape_configs(spec)
     if not known_shapes:
         raise UsageError(f"{spec.name} has no shapes to bench",

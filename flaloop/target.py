@@ -76,6 +76,13 @@ class OpSpec:
         }
 
 
+def argument_names(parameters: list[dict]) -> list[str]:
+    """The names a call's positional arguments bind to, in order (the op query's `parameters`):
+    not *args, **kwargs, nor the keyword-only ones."""
+    return [p["name"] for p in parameters
+            if str(p.get("kind", "POSITIONAL_OR_KEYWORD")) in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+
+
 def derived_test_file(import_path: str) -> str:
     return f"tests/ops/test_{import_path.rsplit('.', 1)[-1]}.py"
 
@@ -334,7 +341,7 @@ class Target:
 
     def contract_spec(self, contract) -> OpSpec:
         """The contract's op as the bench builds it (bench_spec, with the signature the contract holds)."""
-        return self.bench_spec(self.op(contract.op), [p["name"] for p in getattr(contract, "parameters", None) or []])
+        return self.bench_spec(self.op(contract.op), argument_names(getattr(contract, "parameters", None) or []))
 
     def worker_registry(self, contract, base_tree: Path, scratch: Path) -> Path:
         """What a worker reads the op's inputs from: the base's registry (both sides read it, as the

@@ -200,3 +200,14 @@ def test_the_shape_guard_knows_the_sizes_of_declared_shapes():
             b'packed = { H = 4, seqlens = [33, 63] }\n[ops.y]\nimport_path = "b"\n')
     assert declared_shape_ints(toml) == {2, 96, 3, 4, 33, 63}
     assert declared_shape_ints(None) == set() and declared_shape_ints(b"[ops.x\n") == set()
+
+
+def test_positional_arguments_bind_to_the_positional_parameters_only():
+    from flaloop.target import argument_names
+
+    params = [{"name": "q", "kind": "POSITIONAL_OR_KEYWORD"}, {"name": "rest", "kind": "VAR_POSITIONAL"},
+              {"name": "scale", "kind": "KEYWORD_ONLY"}, {"name": "kw", "kind": "VAR_KEYWORD"}]
+    assert argument_names(params) == ["q"]
+    with pytest.raises(ValueError, match="2 positional arguments, the signature names 1"):
+        opcalls.declaration({"schema": 1, "calls": [call(FN, [T([2]), T([2])])]}, name="chunk_gla",
+                            import_path="pkg.ops.gla", func_name="chunk_gla", parameters=argument_names(params))
