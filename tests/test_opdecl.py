@@ -211,3 +211,15 @@ def test_positional_arguments_bind_to_the_positional_parameters_only():
     with pytest.raises(ValueError, match="2 positional arguments, the signature names 1"):
         opcalls.declaration({"schema": 1, "calls": [call(FN, [T([2]), T([2])])]}, name="chunk_gla",
                             import_path="pkg.ops.gla", func_name="chunk_gla", parameters=argument_names(params))
+
+
+def test_cells_of_declared_shapes_packed_ones_included():
+    from flaloop.bench.model import make_cells
+
+    shapes = {"s": {"B": 2, "T": 8, "H": 1}, "p": {"H": 1, "seqlens": [3, 5]}, "r": {"q_0": 2, "q_1": 5}}
+    cells = make_cells(shapes, ["s", "p"], ["fwd"], "bfloat16", False)
+    assert [(c.shape_name, c.shape, c.seqlens) for c in cells] == [
+        ("s", {"B": 2, "T": 8, "H": 1}, None), ("p", {"H": 1, "B": 1, "T": 8}, (3, 5))]
+    assert shapes["p"]["seqlens"] == [3, 5]  # the shape configs are not edited
+    with pytest.raises(UsageError, match="the shape r has no B or T"):
+        make_cells(shapes, ["r"], ["fwd"], "bfloat16", True)
