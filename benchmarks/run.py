@@ -41,6 +41,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
             report; then the same tree Triton against Gluon (--cand-env FLA_ATTNRES_GLUON=1)
   tilelang  parallel_attn on FLA's TileLang backend the same way (tilelang staged as wheels first)
   backends  gluon and tilelang in one lease: both cold gates at once, then each loop alone on the GPU
+  model     `flaloop model` in FLA's DeltaNet LM: the A/A, the honest chunk_delta_rule change (step time
+            measured beside the op share's prediction), the forward's state accumulator narrowed to bf16
   evidence  a varlen loop (baseline, an honest iteration, explain, `flaloop sanitize` on the kept change,
             the profile-backed stop --go, report)
 
@@ -77,6 +79,7 @@ from suites_measure import (
     suite_slowdown,
     suite_verify,
 )
+from suites_model import suite_model
 from suites_survey import suite_survey
 from suites_sweep import suite_sweep
 from suites_tools import (
@@ -93,7 +96,7 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
           "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
-          "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends}
+          "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "model": suite_model}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -143,6 +146,8 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # while the deadline allows, the survey (FLALOOP_SURVEY_OPS: the gated ops, whose backward FLA serves
          # with TileLang once it imports, say)
          "h200-backends": [[["machine", "backends", "survey"]]],
+         # issue 40 on one GPU: the model check's A/A, the honest change and the bf16-narrowed state in DeltaNet
+         "h200-model": [[["machine", "model"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

@@ -153,6 +153,7 @@ def test_the_ops_speedup_predicts_the_step_by_its_share():
     assert predicted_step_speedup(0.5, 2.0) == pytest.approx(1 / 0.75)
     assert predicted_step_speedup(0.25, 1.07) == pytest.approx(1 / (0.75 + 0.25 / 1.07))
     assert predicted_step_speedup(None, 1.1) is None and predicted_step_speedup(0.3, None) is None
+    assert predicted_step_speedup(1.2, 2.0) == pytest.approx(2.0)  # a replay longer than the step: all of it
 
 
 # -- the command end to end ------------------------------------------------------------------------
