@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import math
 import os
 import sys
@@ -58,13 +59,13 @@ def model_cell(worker_model, steps: int = 3, **over):
 
 def test_a_seeded_run_repeats_bitwise_and_noise_of_the_tolerance_moves_it(worker_model):
     cell = model_cell(worker_model)
-    a, b = cell.trajectory(3), cell.trajectory(3)
+    a, b = cell.trajectory(2), cell.trajectory(2)
     assert a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"]
-    assert a["op_calls"] == 3 * TINY.config["num_hidden_layers"]  # the layers reach the registry's op
-    moved = cell.trajectory(3, perturb=0.005, noise_seed=1)
+    assert a["op_calls"] == 2 * TINY.config["num_hidden_layers"]  # the layers reach the registry's op
+    moved = cell.trajectory(2, perturb=0.005, noise_seed=1)
     assert moved["losses"] != a["losses"]
     assert all(abs(x - y) < 0.05 * abs(y) for x, y in zip(moved["losses"], a["losses"], strict=True))
-    other = cell.trajectory(3, perturb=0.005, noise_seed=2)
+    other = cell.trajectory(2, perturb=0.005, noise_seed=2)
     assert other["losses"] != moved["losses"]
 
 
@@ -72,7 +73,7 @@ def test_the_step_times_and_the_ops_share_of_it(worker_model):
     cell = model_cell(worker_model, warmup_steps=1)
     built = cell.build()
     assert built["ok"] and built["k"] == 1 and built["params"] > 0 and len(built["init_digest"]) == 64
-    assert model_cell(worker_model).build()["init_digest"] == built["init_digest"]  # same seed, same weights
+    assert model_cell(worker_model, warmup_steps=0).build()["init_digest"] == built["init_digest"]  # same seed, same weights
     dev, wall = cell.sample()
     assert dev > 0 and wall > 0
     share = cell.opshare(reps=1)
@@ -180,7 +181,62 @@ def test_a_planted_drift_blocks_and_the_step_time_is_measured_beside_it(repo):
     assert os.path.isfile(rec["path"])
 
 
-def test_a_model_that_does_not_import_is_refused_with_exit_2(repo):
-    r = flaloop(repo, "model", OP, *FAST, "--set", "module=minifla.no_such_models")
+def test_a_model_that_does_not_import_is_refused_with_exit_2_and_save_names_it_in_the_contract(repo):
+    r = flaloop(repo, "model", OP, *FAST, "--set", "module=minifla.no_such_models", "--save")
     assert r.code == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "does not import" in r.json["error"] and "--set" in r.json["hint"]
+    contract = json.loads((repo / "profile" / f"{OP}-opt" / "contract.json").read_text())
+    assert contract["model"] == {"module": "minifla.no_such_models", "steps": 4}  # what `stop --go` will run
+
+
+# -- in the loop: the go's record, the report's section ------------------------------------------------
+
+def _record(tmp_path, name: str, *, blocked: bool = False, cand: str = "c" * 40, aa: bool = False) -> dict:
+    from flaloop.fsutil import atomic_write_json
+
+    j = band.judge(BASE, NOISY, {"losses": [4.0, 3.9, 3.8, 3.75, 3.7], "grad_norms": BASE["grad_norms"]}
+                   if blocked else dict(BASE), 3.0)
+    found = [f.to_dict() for f in band.findings(j, "model/step", 0.005, 1, 3.0)]
+    rec = {"kind": "model", "op": OP, "aa": aa, "refused": None, "base": {"commit": "b" * 40},
+           "candidate": {"commit": cand}, "model": TINY.to_dict(), "errors": [], "blocked": bool(found),
+           "findings": found, "command": f"flaloop model {OP}",
+           "step": {"verdict": "FASTER", "status": "ok", "speedup": 1.05, "ci_low": 1.02, "ci_high": 1.08,
+                    "base_ms": 10.0, "cand_ms": 9.5, "pairs": 16, "op_share": 0.4, "op_speedup": 1.1,
+                    "op_speedup_from": "replay", "predicted": predicted_step_speedup(0.4, 1.1)},
+           "trajectory": {"steps": 5, "perturb": 0.005, "band_seeds": 1, "band_scale": 3.0,
+                          "runs": {"base": BASE, "cand": BASE, "band1": NOISY[0]}, "judgement": j.to_dict()}}
+    path = tmp_path / "model" / name / "record.json"
+    atomic_write_json(path, rec)
+    return rec
+
+
+def test_the_go_takes_the_newest_model_record_of_the_kept_commit_and_a_left_band_is_missing(tmp_path):
+    from flaloop.modelcheck import run as mc
+
+    _record(tmp_path, "20260101T000000Z-model")
+    _record(tmp_path, "20260102T000000Z-model", blocked=True)
+    _record(tmp_path, "20260103T000000Z-aa", aa=True)
+    _record(tmp_path, "20260104T000000Z-model", cand="d" * 40)
+    rec = mc.latest(tmp_path, "b" * 40, "c" * 40)
+    assert rec["path"].endswith("20260102T000000Z-model/record.json")
+    ((item, why),) = mc.go_missing(rec)
+    assert item == "model" and "left the base's band at step 4" in why and rec["path"] in why
+    assert mc.go_missing(mc.latest(tmp_path, "b" * 40, "d" * 40)) == []
+    assert mc.latest(tmp_path, "b" * 40, "e" * 40) is None
+    assert mc.named(types.SimpleNamespace(model={})) and not mc.named(types.SimpleNamespace(model=None))
+    assert not mc.named(types.SimpleNamespace(model={"off": True}))
+
+
+def test_the_reports_in_the_model_section_and_its_plot(tmp_path):
+    from flaloop.modelcheck import run as mc
+    from flaloop.report_plots import model_plot
+    from flaloop.report_render import _in_model
+
+    rec = _record(tmp_path, "20260102T000000Z-model", blocked=True)
+    rec["path"] = str(tmp_path / "model" / "20260102T000000Z-model" / "record.json")
+    doc = {"op": OP, "repo": str(tmp_path), "model": mc.summary(rec)}
+    png = model_plot(doc, tmp_path / "model.png")
+    assert png is not None and png.stat().st_size > 1000
+    text = "\n".join(_in_model(doc, {"model": str(png)}))
+    assert "| training step | 10.00 | 9.50 | 1.0500 | [1.0200, 1.0800] | FASTER | 16 |" in text
+    assert "**outside**" in text and "model-trajectory-left-band" in text and "![model](model.png)" in text

@@ -9,7 +9,6 @@ import typer
 from rich.console import Console
 
 from flaloop import contract as contract_mod
-from flaloop.bench.model import BenchConfig
 from flaloop.cli.app import (
     JsonOpt,
     LockOptions,
@@ -28,25 +27,8 @@ from flaloop.cli.measure import bench_events
 from flaloop.errors import UsageError
 from flaloop.modelcheck import run as run_mod
 from flaloop.modelcheck import spec as spec_mod
+from flaloop.modelcheck.run import model_config
 from flaloop.target import Target
-
-# A model step lasts tens to hundreds of milliseconds and its time moves by whole percents from
-# one process to the next (issue 40: 0.83x-1.44x over four process pairs on the H200): fewer,
-# longer samples than an op cell, and the same fresh-process rounds as the bench.
-MODEL_DEFAULTS = {"min_pairs": 8, "max_pairs": 40, "cell_seconds": 120.0, "sample_ms": 200.0, "half_width": 0.005,
-                  "margin": 0.01, "rounds": 2, "max_rounds": 4, "probes": False, "unseen_shapes": 0, "placements": 1}
-
-
-def model_config(*, device: str, rounds: int | None, min_pairs: int | None, max_pairs: int | None,
-                 margin: float | None, cell_seconds: float | None, sample_ms: float | None,
-                 diff_tol: float | None, forkserver: bool, aa: bool) -> BenchConfig:
-    given = {"rounds": rounds, "min_pairs": min_pairs, "max_pairs": max_pairs, "cell_seconds": cell_seconds,
-             "sample_ms": sample_ms, "diff_tol": diff_tol, "margin": None if margin is None else margin / 100}
-    values = {**MODEL_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-    cfg = BenchConfig(**values, device=device, forkserver=forkserver, aa=aa)
-    if rounds is not None:
-        cfg.max_rounds = rounds
-    return cfg.check()
 
 
 @app.command("model")
@@ -76,6 +58,9 @@ def model_cmd(
                                                              "perturbations take (default: the bench's 0.005).")] = None,
     device: Annotated[str, typer.Option("--device", help="Where the workers run: auto, cuda, cpu.")] = "auto",
     forkserver: Annotated[bool, typer.Option("--forkserver/--no-forkserver", help="Fork workers from a warm server.")] = True,
+    save: Annotated[bool, typer.Option(
+        "--save", help="Name this model check in the contract (with the --set overrides): `stop --go` then runs it "
+                       "on the kept iteration and the report shows it.")] = False,
     lock_options: LockOptions = None,  # type: ignore[assignment]
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
@@ -88,6 +73,10 @@ def model_cmd(
     spec = spec_mod.resolve(op, c.import_path, getattr(c, "model", None), over)
     if spec.steps < 2:
         raise UsageError(f"--steps {spec.steps}: a trajectory needs at least 2 steps")
+    if save:  # before measuring: a refused model is refused again by the go, with the same words
+        had = dict(c.model or {})
+        c.model = {**had, **over, **({"config": {**had.get("config", {}), **over["config"]}} if "config" in over else {})}
+        c.save(target)
     cfg = model_config(device=device, rounds=rounds, min_pairs=min_pairs, max_pairs=max_pairs, margin=margin,
                        cell_seconds=cell_seconds, sample_ms=sample_ms, diff_tol=diff_tol, forkserver=forkserver, aa=aa)
     console = human(as_json)

@@ -25,7 +25,7 @@ from flaloop.bench.analysis import analyse
 from flaloop.bench.launcher import make_launcher
 from flaloop.bench.measure import session_env
 from flaloop.bench.model import BenchConfig, Cell
-from flaloop.bench.plan import base_ref, working_tree
+from flaloop.bench.plan import base_ref, tree_ref, working_tree
 from flaloop.bench.record import TreeRef
 from flaloop.bench.run import triton_cache
 from flaloop.bench.session import Events
@@ -33,10 +33,29 @@ from flaloop.errors import MeasurementError, UsageError
 from flaloop.guard.findings import apply_allowances
 from flaloop.modelcheck import band
 from flaloop.modelcheck.session import ModelRefusal, ModelSession
-from flaloop.modelcheck.spec import ModelSpec
+from flaloop.modelcheck.spec import ModelSpec, resolve
 
 SCHEMA = 1
 CELL_ID = "model/step"
+
+
+# A model step lasts tens to hundreds of milliseconds and its time moves by whole percents from
+# one process to the next (issue 40: 0.83x-1.44x over four process pairs on the H200): fewer,
+# longer samples than an op cell, and the same fresh-process rounds as the bench.
+MODEL_DEFAULTS = {"min_pairs": 8, "max_pairs": 40, "cell_seconds": 120.0, "sample_ms": 200.0, "half_width": 0.005,
+                  "margin": 0.01, "rounds": 2, "max_rounds": 4, "probes": False, "unseen_shapes": 0, "placements": 1}
+
+
+def model_config(*, device: str, rounds: int | None, min_pairs: int | None, max_pairs: int | None,
+                 margin: float | None, cell_seconds: float | None, sample_ms: float | None,
+                 diff_tol: float | None, forkserver: bool, aa: bool) -> BenchConfig:
+    given = {"rounds": rounds, "min_pairs": min_pairs, "max_pairs": max_pairs, "cell_seconds": cell_seconds,
+             "sample_ms": sample_ms, "diff_tol": diff_tol, "margin": None if margin is None else margin / 100}
+    values = {**MODEL_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    cfg = BenchConfig(**values, device=device, forkserver=forkserver, aa=aa)
+    if rounds is not None:
+        cfg.max_rounds = rounds
+    return cfg.check()
 
 
 def predicted_step_speedup(share: float | None, op_speedup: float | None) -> float | None:
@@ -55,10 +74,16 @@ def model_cell(spec: ModelSpec) -> Cell:
 
 def check(target, contract, spec: ModelSpec, cfg: BenchConfig, *, base: str | None = None, aa: bool = False,
           op_speedup: float | None = None, on_event: Events | None = None, command: str = "",
-          cancel: threading.Event | None = None) -> dict:
-    """One model check; the record (a dict, as written)."""
+          cancel: threading.Event | None = None, candidate_commit: str | None = None) -> dict:
+    """One model check of the working tree (or `candidate_commit`: the go's kept iteration); the
+    record (a dict, as written)."""
     b = base_ref(target, contract, base)
-    cand = TreeRef(commit=b.commit, ref="base (A/A)", tree=b.tree) if aa else working_tree(target)
+    if aa:
+        cand = TreeRef(commit=b.commit, ref="base (A/A)", tree=b.tree)
+    elif candidate_commit:
+        cand = tree_ref(target.root, candidate_commit, candidate_commit)
+    else:
+        cand = working_tree(target)
     ws = target.workspace(contract.op)
     created = record_mod.now_stamp()
     run_dir = fsutil.unique_dir(ws / "model", f"{created}-{'aa' if aa else 'model'}")
@@ -174,3 +199,57 @@ def exit_code(rec: dict) -> int:
     if rec.get("errors") or step.get("status") != "ok" or step.get("speedup") is None or not math.isfinite(step["speedup"]):
         return 3
     return 0
+
+
+def named(contract) -> bool:
+    """Whether the contract names a model check (`flaloop model OP --save`): `stop --go` runs it then."""
+    m = getattr(contract, "model", None)
+    return m is not None and not m.get("off")
+
+
+def latest(ws: Path, base_commit: str, cand_commit: str) -> dict | None:
+    """The newest model record of `cand_commit` against `base_commit` that measured both sides."""
+    for path in sorted((ws / "model").glob("*/record.json"), reverse=True):
+        try:
+            rec = read(path)
+        except UsageError:
+            continue
+        if (rec.get("base") or {}).get("commit") == base_commit and (rec.get("candidate") or {}).get("commit") == \
+                cand_commit and not rec.get("aa") and not rec.get("refused"):
+            rec.setdefault("path", str(path))
+            return rec
+    return None
+
+
+def for_go(target, contract, iteration, *, on_event: Events | None = None, command: str = "") -> dict:
+    """The model check a go rests on (when the contract names one): the kept iteration's commit
+    against the contract's base; the recorded one when there is one, else a new one."""
+    have = latest(target.workspace(contract.op), contract.base_commit, iteration.commit)
+    if have is not None:
+        return have
+    spec = resolve(contract.op, contract.import_path, contract.model)
+    cfg = model_config(device="auto", rounds=None, min_pairs=None, max_pairs=None, margin=None, cell_seconds=None,
+                       sample_ms=None, diff_tol=None, forkserver=True, aa=False)
+    return check(target, contract, spec, cfg, on_event=on_event, command=command, candidate_commit=iteration.commit)
+
+
+def go_missing(rec: dict) -> list[tuple[str, str]]:
+    """What the model check leaves missing for a go: a trajectory that left the band (or another
+    blocking finding), or a step time that could not be measured. A SLOWER step is reported, not held
+    against the go: the op's target is the op's."""
+    where = f" ({rec.get('path')})"
+    if rec.get("blocked"):
+        return [("model", "; ".join(f["message"] for f in rec.get("findings") or [] if f.get("blocking")) + where)]
+    if exit_code(rec) == 3:
+        return [("model", f"the step time could not be measured: {(rec.get('step') or {}).get('reason')}" + where)]
+    return []
+
+
+def summary(rec: dict) -> dict:
+    """What a report shows of a model record: the step, the share, the trajectories and their band
+    (not the raw pairs, which stay in the record)."""
+    tr = rec.get("trajectory") or {}
+    return {"path": rec.get("path"), "model": rec.get("model"), "step": rec.get("step"), "created": rec.get("created"),
+            "command": rec.get("command"), "blocked": rec.get("blocked"), "findings": rec.get("findings") or [],
+            "trajectory": {k: tr.get(k) for k in ("steps", "perturb", "band_seeds", "band_scale", "judgement")}
+            | {"base": (tr.get("runs") or {}).get("base"), "cand": (tr.get("runs") or {}).get("cand")}}
