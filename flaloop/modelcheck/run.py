@@ -52,10 +52,7 @@ def model_config(*, device: str, rounds: int | None, min_pairs: int | None, max_
     given = {"rounds": rounds, "min_pairs": min_pairs, "max_pairs": max_pairs, "cell_seconds": cell_seconds,
              "sample_ms": sample_ms, "diff_tol": diff_tol, "margin": None if margin is None else margin / 100}
     values = {**MODEL_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-    cfg = BenchConfig(**values, device=device, forkserver=forkserver, aa=aa)
-    if rounds is not None:
-        cfg.max_rounds = rounds
-    return cfg.check()
+    return BenchConfig(**values, device=device, forkserver=forkserver, aa=aa).check()
 
 
 def predicted_step_speedup(share: float | None, op_speedup: float | None) -> float | None:

@@ -154,18 +154,23 @@ class ModelCell:
         self.opt.zero_grad(set_to_none=True)
 
     def build(self) -> dict:
+        try:
+            return self._build()
+        except torch.cuda.OutOfMemoryError as e:  # the model, its optimizer or a step: too big for this device
+            self.release()
+            raise ModelRefused(f"the model does not fit: {str(e).splitlines()[0]} (--set batch=, seq_len= or "
+                               "config.* smaller)") from e
+
+    def _build(self) -> dict:
         self.model, self.opt = self.new_model()
         digest = hashlib.sha256()
         for name, p in sorted(self.model.state_dict().items()):
             digest.update(name.encode())
             digest.update(p.detach().float().cpu().numpy().tobytes())
         self.batches = [self.tokens(i) for i in range(2)]
-        try:
-            for _ in range(int(self.m.get('warmup_steps', 2))):  # compile, autotune, the allocator's pools
-                self.step()
-            per_step = self._time(1)[0]
-        except torch.cuda.OutOfMemoryError as e:
-            raise ModelRefused(f"the model does not fit: {e}".split('\n')[0]) from e
+        for _ in range(int(self.m.get('warmup_steps', 2))):  # compile, autotune, the allocator's pools
+            self.step()
+        per_step = self._time(1)[0]
         if not self.k:
             self.k = max(1, round(self.sample_ms / per_step)) if self.sample_ms and per_step > 0 else 1
         return {'cell': self.id, 'ok': True, 'timer': self.timer, 'k': self.k, 'step_ms': per_step,
