@@ -47,6 +47,8 @@ def model_cmd(
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps of each trajectory.")] = None,
     rounds: Annotated[int | None, typer.Option("--rounds", help="Fresh worker pairs for the step time (default 2, "
                                                            "up to 4 when they disagree).")] = None,
+    max_rounds: Annotated[int | None, typer.Option("--max-rounds", help="Rounds in all when the first ones disagree "
+                                                                   "(default 4; at most --rounds: none).")] = None,
     min_pairs: Annotated[int | None, typer.Option("--min-pairs", help="Pairs before the stopping rule may stop (default 8).")] = None,
     max_pairs: Annotated[int | None, typer.Option("--max-pairs", help="Most pairs (default 40).")] = None,
     margin: Annotated[float | None, typer.Option("--margin", help="SAME margin, percent (default 1).")] = None,
@@ -77,7 +79,7 @@ def model_cmd(
         had = dict(c.model or {})
         c.model = {**had, **over, **({"config": {**had.get("config", {}), **over["config"]}} if "config" in over else {})}
         c.save(target)
-    cfg = model_config(device=device, rounds=rounds, min_pairs=min_pairs, max_pairs=max_pairs, margin=margin,
+    cfg = model_config(device=device, rounds=rounds, max_rounds=max_rounds, min_pairs=min_pairs, max_pairs=max_pairs, margin=margin,
                        cell_seconds=cell_seconds, sample_ms=sample_ms, diff_tol=diff_tol, forkserver=forkserver, aa=aa)
     console = human(as_json)
     with lock_options.hold(target, op, console, "model"), progress_bar(console) as bar:

@@ -48,8 +48,9 @@ MODEL_DEFAULTS = {"min_pairs": 8, "max_pairs": 40, "cell_seconds": 120.0, "sampl
 
 def model_config(*, device: str, rounds: int | None, min_pairs: int | None, max_pairs: int | None,
                  margin: float | None, cell_seconds: float | None, sample_ms: float | None,
-                 diff_tol: float | None, forkserver: bool, aa: bool) -> BenchConfig:
-    given = {"rounds": rounds, "min_pairs": min_pairs, "max_pairs": max_pairs, "cell_seconds": cell_seconds,
+                 diff_tol: float | None, forkserver: bool, aa: bool, max_rounds: int | None = None) -> BenchConfig:
+    given = {"rounds": rounds, "max_rounds": max_rounds, "min_pairs": min_pairs, "max_pairs": max_pairs,
+             "cell_seconds": cell_seconds,
              "sample_ms": sample_ms, "diff_tol": diff_tol, "margin": None if margin is None else margin / 100}
     values = {**MODEL_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
     return BenchConfig(**values, device=device, forkserver=forkserver, aa=aa).check()
