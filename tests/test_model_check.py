@@ -243,3 +243,26 @@ def test_the_reports_in_the_model_section_and_its_plot(tmp_path):
     text = "\n".join(_in_model(doc, {"model": str(png)}))
     assert "| training step | 10.00 | 9.50 | 1.0500 | [1.0200, 1.0800] | FASTER | 16 |" in text
     assert "**outside**" in text and "model-trajectory-left-band" in text and "![model](model.png)" in text
+
+
+def test_a_sweep_ranked_by_the_model_puts_the_faster_step_first_and_an_unchecked_one_unranked():
+    from flaloop.bench.record import TreeRef
+    from flaloop.sweep.record import SweepRecord, SweepRow, render_markdown
+
+    def row(ref, geo, model):
+        return SweepRow(key=ref, op=OP, ref=ref, status="ok",
+                        geomean={"speedup": geo, "ci_low": geo - 0.01, "ci_high": geo + 0.01},
+                        model=model)
+
+    rows = [row("opt/a", 1.20, {"speedup": 1.01, "ci_low": 1.0, "ci_high": 1.02, "verdict": "SAME"}),
+            row("opt/b", 1.05, {"speedup": 1.04, "ci_low": 1.03, "ci_high": 1.05, "verdict": "FASTER"}),
+            row("opt/c", 1.10, {"error": "the model does not fit"})]
+    rec = SweepRecord(kind="candidates", created="t", base=TreeRef(commit="b" * 40), ops=[OP], rows=rows)
+    rec.rank()
+    assert [(r.ref, r.rank) for r in rec.rows] == [("opt/a", 1), ("opt/c", 2), ("opt/b", 3)]  # the op's geomean
+    rec.rank_by = "model"
+    rec.rank()
+    assert [(r.ref, r.rank) for r in rec.rows] == [("opt/b", 1), ("opt/a", 2), ("opt/c", None)]
+    text = render_markdown(rec)
+    assert "Ranked by the model check's step-time speedup" in text and "- opt/c: the model does not fit" in text
+    assert SweepRecord.from_dict(rec.to_dict()).rank_by == "model"

@@ -251,3 +251,31 @@ def summary(rec: dict) -> dict:
             "command": rec.get("command"), "blocked": rec.get("blocked"), "findings": rec.get("findings") or [],
             "trajectory": {k: tr.get(k) for k in ("steps", "perturb", "band_seeds", "band_scale", "judgement")}
             | {"base": (tr.get("runs") or {}).get("base"), "cand": (tr.get("runs") or {}).get("cand")}}
+
+
+def rank_sweep(target, contract, rec, *, on_event: Events | None = None, say=None) -> None:
+    """`sweep --rank-by model`: each measured candidate's model check against the sweep's base, one
+    after another on this machine, then the rows ranked by the step's speedup. A trajectory that left
+    the band blocks the row; a check that could not run leaves the row unranked, with the reason."""
+    from flaloop.errors import FlaloopError
+
+    spec = resolve(contract.op, contract.import_path, contract.model)
+    cfg = model_config(device="auto", rounds=None, min_pairs=None, max_pairs=None, margin=None, cell_seconds=None,
+                       sample_ms=None, diff_tol=None, forkserver=True, aa=False)
+    for row in [r for r in rec.rows if r.status == "ok" and r.commit]:
+        if say:
+            say(f"model check of {row.ref} ...")
+        try:
+            m = check(target, contract, spec, cfg, base=rec.base.commit, candidate_commit=row.commit,
+                      on_event=on_event, command=rec.command)
+        except FlaloopError as exc:
+            row.model = {"error": exc.message}
+            continue
+        st = m.get("step") or {}
+        row.model = {k: st.get(k) for k in ("speedup", "ci_low", "ci_high", "verdict", "op_share", "predicted")}
+        row.model.update(record=m.get("path"), blocked=m.get("blocked"))
+        if m.get("blocked"):
+            row.status, row.verdict = "blocked", "BLOCKED"
+            row.reason = "; ".join(f["message"] for f in m.get("findings") or [] if f.get("blocking"))
+    rec.rank_by = "model"
+    rec.rank()
