@@ -47,6 +47,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   backends  gluon and tilelang in one lease: both cold gates at once, then each loop alone on the GPU
   declared  chunk_log_linear_attn (not in FLA's registry) declared in flaloop.toml: init, bench --aa
             --quick (every cell measured), and a bad declaration refused at init (exit 2, the key named)
+  model     `flaloop model` in FLA's DeltaNet LM: the A/A, the honest chunk_delta_rule change (step time
+            measured beside the op share's prediction), the forward's state accumulator narrowed to bf16
   evidence  a varlen loop (baseline, an honest iteration, explain, `flaloop sanitize` on the kept change,
             the profile-backed stop --go, report)
 
@@ -84,6 +86,7 @@ from suites_measure import (
     suite_slowdown,
     suite_verify,
 )
+from suites_model import suite_model
 from suites_survey import suite_survey
 from suites_sweep import suite_sweep
 from suites_timed import suite_timed
@@ -103,7 +106,7 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
           "timer-load": suite_timer_load,
           "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "timed": suite_timed,
-          "declared": suite_declared}
+          "declared": suite_declared, "model": suite_model}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -159,6 +162,8 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          "h200-backends": [[["machine", "backends", "survey"]]],
          # issue 36: an op FLA's registry lacks, declared in flaloop.toml, through init and bench --aa --quick
          "h200-declared": [[["machine", "declared"]]],
+         # issue 40 on one GPU: the model check's A/A, the honest change and the bf16-narrowed state in DeltaNet
+         "h200-model": [[["machine", "model"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

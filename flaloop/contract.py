@@ -60,6 +60,9 @@ class Contract:
     allowed: list[dict] = field(default_factory=list)
     # The loop's iteration cap (flaloop iter refuses past it; `flaloop stop` decides then).
     max_iters: int = 20
+    # The model the op is checked in (`flaloop model`): fields of modelcheck/spec.ModelSpec over the
+    # mapping's entry for the op; {"off": true}: none. None: the mapping's entry, if any.
+    model: dict | None = None
     created: str = ""
     flaloop_version: str = __version__
     schema: int = SCHEMA
@@ -67,7 +70,10 @@ class Contract:
     # -- persistence ------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["model"] is None:  # a contract without a model check reads as it did before the field
+            del d["model"]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> Contract:
@@ -128,7 +134,7 @@ _TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
     "frozen": (list, "a list"), "target_speedup": ((int, float), "a number"), "shapes": (list, "a list"),
     "modes": (list, "a list"), "langs": (list, "a list"), "input_overrides": (dict, "an object"),
     "varlen": (bool, "true or false"), "l2": (str, "a string"), "created": (str, "a string"), "flaloop_version": (str, "a string"),
-    "schema": (int, "an integer"),
+    "schema": (int, "an integer"), "model": (dict, "an object"),
 }
 
 

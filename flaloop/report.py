@@ -39,6 +39,7 @@ from flaloop.bench.model import cli_args
 from flaloop.bench.record import RunRecord
 from flaloop.errors import UsageError
 from flaloop.evidence import contention_line
+from flaloop.modelcheck import run as modelcheck
 
 WIN = ("improvement", "trade-off")
 STATE_KEYS = ("head", "dirty", "diff_hash")
@@ -415,6 +416,15 @@ def _sanitizer_for(ws: Path, claim: Claim, cells: list[str], contract: dict) -> 
     return sanitize_mod.latest(ws, base, claim.commit, cells) or sanitize_mod.latest(ws, base, claim.commit, [], ())
 
 
+def _model_for(ws: Path, claim: Claim, contract: dict) -> dict | None:
+    """The newest model check (`flaloop model`) of the claim's kept commit against its base."""
+    base = ((claim.iteration or {}).get("vs_base") or {}).get("base_commit") or contract.get("base_commit")
+    if claim.no_go or not claim.commit or not base:
+        return None
+    rec = modelcheck.latest(ws, base, claim.commit)
+    return modelcheck.summary(rec) if rec else None
+
+
 # options of a recorded command line that name the measuring machine's paths or ask for the
 # machine-readable output: a reader runs the command in their own checkout, without them
 MACHINE_OPTIONS = {"--repo": True, "--python": True, "--json": False}  # name: takes a value
@@ -502,6 +512,11 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     for reason, message in sanitize_mod.go_missing(sanitized) if sanitized and sanitized.get("blocked") else []:
         refusals.append(Refusal(reason, message, "compute-sanitizer sees an error only the candidate has: "
                                                  "`flaloop sanitize OP --commit C` shows it"))
+    in_model = _model_for(ws, claim, contract)
+    if in_model and in_model.get("blocked"):
+        refusals.append(Refusal("model_trajectory", "; ".join(f["message"] for f in in_model["findings"] if f.get("blocking")),
+                                "inside the model the change moves training past the op's tolerance: "
+                                "`flaloop model OP` shows where"))
     concl = conclusion(geo, rows, claim, contract.get("target_speedup"))
     reproduce = reproduce_commands(op, record, contract, claim)
     claim_ok = not (refusals and concl["kind"] in WIN)
@@ -535,12 +550,13 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         "environment": env, "aa": aa, "roofline": {"family": family.name if family else None,
                                                    "title": family.title if family else None,
                                                    "ceilings": ceilings.to_dict() if ceilings else None},
-        "profile": profile, "explanation": explanation, "sanitizer": sanitized, "guard": guard,
+        "profile": profile, "explanation": explanation, "sanitizer": sanitized, "guard": guard, "model": in_model,
         "trajectory": trajectory(iterations), "opt_log": str(ws / "OPT_LOG.md") if (ws / "OPT_LOG.md").exists() else None,
         "records": {"claim": record.path, "aa": aa["record"] if aa else None,
                     "profile": profile["_path"] if profile else None,
                     "explanation": explanation["_path"] if explanation else None,
-                    "sanitizer": sanitized.get("path") if sanitized else None},
+                    "sanitizer": sanitized.get("path") if sanitized else None,
+                    "model": in_model["path"] if in_model else None},
     }
     # a report that claims no win lists its evidence gaps as risks instead of refusing
     doc["risks"] = risks(rows, record, env, aa, bool(profile or explanation), refusals if claim_ok else [])
@@ -548,6 +564,9 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
         doc["risks"].append(f"no explanation of the win by its kernels (`flaloop explain {op}`)")
     if concl["kind"] in WIN:
         doc["risks"] += sanitizer_risks(sanitized, doc["commands"]["sanitize"])
+        if in_model is None and modelcheck.named(SimpleNamespace(model=contract.get("model"))):
+            doc["risks"].append(f"no model check of the kept commit (`flaloop model {op}`; `stop --go` runs the "
+                                "contract's)")
     return doc
 
 

@@ -110,10 +110,39 @@ def trajectory_plot(doc: dict, path: Path) -> Path | None:
     return path
 
 
+def model_plot(doc: dict, path: Path) -> Path | None:
+    """The model check's trajectories: the base's loss and gradient norm with the band around them,
+    the candidate's over it."""
+    tr = (doc.get("model") or {}).get("trajectory") or {}
+    j = tr.get("judgement") or {}
+    if not (tr.get("base") and tr.get("cand") and j):
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, series, label in zip(axes, ("losses", "grad_norms"), ("loss", "gradient norm"), strict=True):
+        base, cand = tr["base"].get(series) or [], tr["cand"].get(series) or []
+        width = (j.get("band") or {}).get(series) or [0.0] * len(base)
+        steps = list(range(1, len(base) + 1))
+        ax.fill_between(steps, [b - w for b, w in zip(base, width, strict=False)],
+                        [b + w for b, w in zip(base, width, strict=False)], color="#57606a", alpha=0.25, label="band")
+        ax.plot(steps, base, color="#57606a", lw=1.2, label="base")
+        ax.plot(steps[:len(cand)], cand, color="#0969da", lw=1.0, ls="--", label="candidate")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{doc['op']} in {((doc['model'].get('model') or {}).get('model_class'))}: base vs candidate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(doc: dict, out_dir: Path) -> dict[str, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     made = {}
-    for name, fn in (("speedup", speedup_plot), ("times", times_plot), ("trajectory", trajectory_plot)):
+    for name, fn in (("speedup", speedup_plot), ("times", times_plot), ("trajectory", trajectory_plot),
+                     ("model", model_plot)):
         p = fn(doc, out_dir / f"{name}.png")
         if p:
             made[name] = str(p)

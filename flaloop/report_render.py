@@ -51,6 +51,8 @@ def render(doc: dict, plots: dict[str, str] | None = None) -> str:
     L += ["## Environment", ""] + _environment(doc) + [""]
     L += ["## What explains the win", ""] + _explanation(doc) + [""]
     L += ["## Sanitizer", ""] + _sanitizer(doc) + [""]
+    if doc.get("model"):
+        L += ["## In the model", ""] + _in_model(doc, plots) + [""]
     L += ["## Profile", ""] + _profile(doc) + [""]
     L += ["## Guard", ""] + _guard(doc) + [""]
     L += ["## Conclusion and risk", "", f"**{doc['conclusion']['text']}**", ""]
@@ -404,6 +406,31 @@ def _sanitizer(doc: dict) -> list[str]:
         out += [f"- `{f['rule']}` {f.get('cell') or ''}: {f['message']}" for f in blocking]
     if z.get("failed"):
         out += ["", "Not fully checked: " + "; ".join(z["failed"])]
+    return out
+
+
+def _in_model(doc: dict, plots: dict[str, str] | None) -> list[str]:
+    """The model check of the kept commit (`flaloop model`): the training step's time, paired as a
+    bench cell, beside what the op's share predicts; the trajectory against the base's band."""
+    m = doc["model"]
+    spec, st, tr = m.get("model") or {}, m.get("step") or {}, m.get("trajectory") or {}
+    out = [f"From `{_rel(doc, m.get('path'))}`: {spec.get('model_class')} (B{spec.get('batch')} T{spec.get('seq_len')} "
+           f"{spec.get('dtype')}, `{m.get('command') or 'flaloop model ' + doc['op']}`).", ""]
+    ci = f"[{_f(st.get('ci_low'))}, {_f(st.get('ci_high'))}]"
+    out += _table(["", "base ms", "candidate ms", "speedup", "95% CI", "verdict", "pairs", "op share", "predicted"],
+                  [["training step", _f(st.get("base_ms"), ".2f"), _f(st.get("cand_ms"), ".2f"), _f(st.get("speedup")),
+                    ci, str(st.get("verdict")), str(st.get("pairs")), _pct(st.get("op_share")), _f(st.get("predicted"))]])
+    out += ["", f"The prediction is the op's speedup ({_f(st.get('op_speedup'))}x, {st.get('op_speedup_from')}) over "
+                "its share of the step (Amdahl); the measured speedup is forward, backward and AdamW, device time."]
+    j = tr.get("judgement") or {}
+    if j:
+        worst = ", ".join(f"{k} {v:.2f}x" for k, v in (j.get("worst") or {}).items())
+        out += ["", f"Trajectory: {tr.get('steps')} steps; the band is {tr.get('band_scale'):g}x the widest of "
+                    f"{tr.get('band_seeds')} base runs with the op's outputs moved by {tr.get('perturb'):g} relative RMS. "
+                    f"The candidate stays {'inside' if j.get('inside') else '**outside**'} it (worst: {worst} the band)."]
+    out += [f"- **{f['rule']}**: {f['message']}" for f in m.get("findings") or [] if f.get("blocking")]
+    if plots and plots.get("model"):
+        out += ["", f"![model]({Path(plots['model']).name})"]
     return out
 
 

@@ -201,16 +201,7 @@ class Session:
                     self._take("warmup")
                     self.mark("warm-up: workers ready")
                     self._fingerprint(self.workers["base"].hello)
-                    entries = cache_entries(self.triton_cache)
-                    warmup.warm_all(self)
-                    # what the cells compiled (the unseen shapes' compiles are not the cells')
-                    new_entries = cache_entries(self.triton_cache) - entries
-                    self.mark("warm-up done")
-                    if self.unseen is not None:
-                        warmup.check_unseen(self)
-                        if not self.out.unseen.get("off"):
-                            self.mark("unseen shapes checked")
-                    self._fresh_pair(new_entries)
+                    self._fresh_pair(self.warm())
                     todo = self._round_cells(0)
                 for res in todo:
                     if self.blocked_run():
@@ -237,6 +228,21 @@ class Session:
                     res.reason = sampling.too_few_pairs(res.pairs)
         self.mark("done")
         self.on_event("done")
+
+    def warm(self) -> int:
+        """The warm-up pair's work (every cell, then the unseen shapes); how many Triton cache
+        entries the cells' warm-up added. A session of another kind of cell (modelcheck/session.py)
+        does its own warm-up here and measures with the same rounds."""
+        entries = cache_entries(self.triton_cache)
+        warmup.warm_all(self)
+        # what the cells compiled (the unseen shapes' compiles are not the cells')
+        new_entries = cache_entries(self.triton_cache) - entries
+        self.mark("warm-up done")
+        if self.unseen is not None:
+            warmup.check_unseen(self)
+            if not self.out.unseen.get("off"):
+                self.mark("unseen shapes checked")
+        return new_entries
 
     def _fingerprint(self, hello: dict) -> None:
         self.clocks = Clocks(hello.get("device_uuid"))

@@ -12,7 +12,7 @@ import typer
 import typer.main
 
 from flaloop import procs
-from flaloop.cli import agent, compare, demo, guard, loop, maint, measure, report, setup, sweep  # noqa: F401  (register their commands)
+from flaloop.cli import agent, compare, demo, guard, loop, maint, measure, model, report, setup, sweep  # noqa: F401  (register their commands)
 from flaloop.cli.app import (
     ClickException,
     NoArgsIsHelpError,

@@ -47,7 +47,7 @@ from flaloop.cli.app import JsonOpt, app, command, emit_json, human
 from flaloop.errors import UsageError
 
 TOOLS = ("list", "init", "gate", "audit", "bench", "verify", "baseline", "iter", "status", "report", "sweep",
-         "profile")
+         "profile", "model")
 # The README's exit-code table, short.
 EXIT_MEANINGS = {
     0: "done: gate green, verdict delivered",

@@ -52,6 +52,7 @@ from flaloop.loop import condition as cond_mod
 from flaloop.loop import header as header_mod
 from flaloop.loop import traps as traps_mod
 from flaloop.loop.store import Decision, DispatchRow, Workspace, now_iso
+from flaloop.modelcheck import run as modelcheck
 from flaloop.sweep import promote
 from flaloop.target import Target
 
@@ -287,6 +288,7 @@ def stop_cmd(
     console = human(as_json)
     explanation: dict | None = None
     sanitized: dict | None = None
+    in_model: dict | None = None
     checked = None
     with lock_options.hold(target, op, console, "stop"):
         iters = ws.iterations()
@@ -305,6 +307,10 @@ def stop_cmd(
                 sanitized = sanitize_mod.for_go(target, c, rules.best(iters), command=_command_line(),
                                                 on_event=sanitize_events(console))
                 missing = sanitize_mod.go_missing(sanitized)
+            if not missing and modelcheck.named(c):
+                console.print("... and the model check the contract names, the base against the kept commit ...")
+                in_model = modelcheck.for_go(target, c, rules.best(iters), command=_command_line())
+                missing = modelcheck.go_missing(in_model)
         else:
             checked = bounds.check(ws.path, iters, bound, c.target_speedup)
             missing = rules.no_go_missing(iters, checked)
@@ -328,12 +334,16 @@ def stop_cmd(
                 "bar": list(rules.NO_GO_ITEMS) if no_go else ["keep", "full gate", "target", "full shape set",
                                                               *(["varlen cells"] if c.varlen else []),
                                                               *(["L2 states"] if c.l2 != "rotate" else []),
-                                                              "explained win", "sanitizer"]}
+                                                              "explained win", "sanitizer",
+                                                              *(["model"] if in_model else [])]}
         if checked:
             data["bound_numbers"] = checked.numbers
         if sanitized:
             data["sanitize"] = ws.rel(sanitized.get("path"))
             data["sanitizer_notes"] = {t: e.get("reason") for t, e in (sanitized.get("tools") or {}).items()}
+        if in_model:
+            data["model"] = ws.rel(in_model.get("path"))
+            data["model_step"] = {k: (in_model.get("step") or {}).get(k) for k in ("verdict", "speedup", "predicted")}
         if explanation:
             data["explanation"] = ws.rel(explanation["_path"])
             data["explained_share"] = (explanation.get("total") or {}).get("share")

@@ -50,6 +50,7 @@ from flaloop.compare import slower_in_sweep
 from flaloop.contract import Contract, create
 from flaloop.errors import UsageError
 from flaloop.fsutil import unique_dir
+from flaloop.modelcheck import run as modelcheck
 from flaloop.sweep import candidates as cand_mod
 from flaloop.sweep import ops as ops_mod
 from flaloop.sweep import record as sweep_record
@@ -206,6 +207,9 @@ def sweep_cmd(
     retries: Annotated[int, typer.Option(
         "--retries", help="Ray: how often a job whose worker or node died is started again, elsewhere if possible.")]
     = 2,
+    rank_by: Annotated[str, typer.Option(
+        "--rank-by", help="geomean: the op's (default); model: each measured candidate's `flaloop model` step-time "
+                          "speedup, checked one after another on this host (local executor, one op).")] = "geomean",
     regate: Annotated[bool, typer.Option(
         "--regate", help="Run each gate even where a green gate of the same tree state is recorded.")] = False,
     fail_on: FailOnOpt = None,
@@ -232,6 +236,11 @@ def sweep_cmd(
         raise UsageError(f"--max-candidates {max_candidates}: need at least 1")
     if retries < 0:
         raise UsageError(f"--retries {retries}: need 0 or more")
+    if rank_by not in ("geomean", "model"):
+        raise UsageError(f"--rank-by {rank_by}: not one of geomean, model")
+    if rank_by == "model" and (ops is not None or executor != "local"):
+        raise UsageError("--rank-by model ranks the candidates of one op on this host",
+                         "name the op and its candidates, with the local executor")
     target = Target.discover(repo, python)
     gpu_list = parse_gpus(gpus)
     root_dir = sweep_run.sweeps_dir(target, op if ops is None else None)
@@ -285,6 +294,10 @@ def sweep_cmd(
                                 regate=regate, gate_workers=_gate_workers(ex),
                                 command=command_line(), on_event=_events(bar, rows),
                                 say=lambda m: console.print(escape(m)))
+            if rank_by == "model":
+                modelcheck.rank_sweep(target, contract, rec, on_event=_events(bar, rows),
+                                      say=lambda m: console.print(escape(m)))
+                sweep_record.write(sweep_dir, rec)
     code = fail_on_exit(sweep_run.exit_code(rec), fail_on, slower_in_sweep(rec.rows), console)
     if as_json:
         emit_json({"ok": True, **rec.to_json(), "exit_code": code})

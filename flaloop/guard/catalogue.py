@@ -129,6 +129,13 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "went to another backend (or to the op's own code), base and candidate were compared on code the "
          "bench does not time, and a change to the timed backend was checked on the bench's cells alone.",
          "add shapes the backend takes to the gate's tests, or name one in the contract's shapes"),
+    Rule("model-trajectory-left-band", BLOCK, "inside a model, the candidate's training run left the base's band",
+         "a change inside the op's tolerance (an accumulator narrowed, an exp2 path, a reordered reduction) can "
+         "still move a training run; the band is what noise of the tolerance's size on the op's outputs moves "
+         "the base's own run by (flaloop model), so a candidate past it changes training more than the "
+         "tolerance allows.",
+         "keep the base's accumulation and precision where the model's loss is sensitive to it; rerun "
+         "`flaloop model OP` to see the step where it left the band"),
     Rule("timer-patched", BLOCK, "a function on the timing path was replaced in the candidate's process",
          "a patched timer fakes any speedup: a wrapped Event.elapsed_time read FASTER 1.25x on an H200 "
          "before this probe existed.",

@@ -4,7 +4,8 @@ full run record (bench/record.RunRecord) and gate result; the record is the sing
 truth for the table, the JSON and the plot, which are all rendered from it.
 
 Ranking: the measured (`ok`) rows by geomean speedup against the base, highest first (ties: the
-higher lower CI bound). A sweep's ranking is a signal: a candidate is promoted through `flaloop
+higher lower CI bound); with `--rank-by model`, by the step-time speedup of each candidate's model
+check (`flaloop model`), a candidate whose trajectory left the band blocked. A sweep's ranking is a signal: a candidate is promoted through `flaloop
 iter --from-sweep`, which gates and measures it again as one iteration.
 """
 
@@ -46,6 +47,8 @@ class SweepRow:
     gpu: str | None = None
     attempts: int = 0
     wall_s: float = 0.0
+    # with `--rank-by model`: the candidate's model check (modelcheck.run.sweep_entry)
+    model: dict | None = None
 
     def to_json(self) -> dict:
         """The row as `--json` gives it."""
@@ -54,7 +57,7 @@ class SweepRow:
                 "reason": self.reason, "invalid": self.invalid, "commit": self.commit, "key": self.key,
                 "kind": self.kind, "gate": self.gate, "guard": self.guard, "record": self.record,
                 "host": self.host, "gpu": self.gpu, "attempts": self.attempts, "wall_s": self.wall_s,
-                "cells": self.cells}
+                "cells": self.cells, "model": self.model}
 
 
 @dataclass
@@ -72,10 +75,17 @@ class SweepRecord:
     interrupted: bool = False
     path: str | None = None
     schema: int = SCHEMA
+    rank_by: str = "geomean"  # or "model": the model check's step-time speedup (`sweep --rank-by model`)
 
     def rank(self) -> None:
-        ok = [r for r in self.rows if r.status == "ok" and r.geomean]
-        ok.sort(key=lambda r: (-r.geomean["speedup"], -r.geomean["ci_low"]))
+        for r in self.rows:  # ranked again (by the model after the geomean): no rank left from before
+            r.rank = None
+        if self.rank_by == "model":
+            ok = [r for r in self.rows if r.status == "ok" and (r.model or {}).get("speedup")]
+            ok.sort(key=lambda r: (-r.model["speedup"], -(r.model.get("ci_low") or 0)))
+        else:
+            ok = [r for r in self.rows if r.status == "ok" and r.geomean]
+            ok.sort(key=lambda r: (-r.geomean["speedup"], -r.geomean["ci_low"]))
         for i, r in enumerate(ok, 1):
             r.rank = i
         order = {id(r): i for i, r in enumerate(ok)}
@@ -96,13 +106,14 @@ class SweepRecord:
         return {"kind": self.kind, "schema": self.schema, "created": self.created, "base": asdict(self.base),
                 "ops": self.ops, "rows": [asdict(r) for r in self.rows], "executor": self.executor,
                 "config": self.config, "command": self.command, "margin": self.margin, "wall_s": self.wall_s,
-                "interrupted": self.interrupted, "path": self.path}
+                "interrupted": self.interrupted, "path": self.path, "rank_by": self.rank_by}
 
     def to_json(self) -> dict:
         """What `flaloop sweep --json` prints."""
         return {"kind": "sweep", "sweep": self.kind, "created": self.created, "base": asdict(self.base),
                 "ops": self.ops, "candidates": [r.to_json() for r in self.rows], "executor": self.executor,
-                "margin": self.margin, "wall_s": self.wall_s, "interrupted": self.interrupted, "path": self.path}
+                "margin": self.margin, "wall_s": self.wall_s, "interrupted": self.interrupted, "path": self.path,
+                "rank_by": self.rank_by}
 
     @classmethod
     def from_dict(cls, d: dict) -> SweepRecord:
@@ -170,6 +181,14 @@ def render_markdown(rec: SweepRecord) -> str:
     for row in table_rows(rec):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
     lines.append("")
+    if rec.rank_by == "model":
+        lines += ["Ranked by the model check's step-time speedup (`flaloop model`), not the op's geomean:", ""]
+        for r in rec.rows:
+            m = r.model or {}
+            got = m.get("error") or (f"{m['speedup']:.4f}x [{m.get('ci_low') or 0:.4f}, {m.get('ci_high') or 0:.4f}] "
+                                     f"{m.get('verdict')}" if m.get("speedup") else "not checked")
+            lines.append(f"- {r.ref}: {got}" + (" (trajectory left the band)" if m.get("blocked") else ""))
+        lines.append("")
     for r in rec.rows:
         if not r.cells:
             continue

@@ -15,6 +15,7 @@ Modules, in the order a request meets them:
   timing     CUDA events, graph capture and its proof, k calibration, L2 flush
   compare    relative RMS differences, dumps and comparisons across processes
   probes     the guard's dynamic probes (docs/GUARD.md)
+  model      a model cell: training steps of a causal LM from the tree, its trajectory, the op's share
   tuning     what Triton's autotuners picked
   backends   which backend of the target's dispatch registries served the calls
 """

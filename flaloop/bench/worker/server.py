@@ -1,7 +1,7 @@
 """The worker process: one side (base or candidate) of a paired benchmark, serving requests.
 
 Commands (``WorkerServer.cmd_*``): hello, setup, probe, sample, eager, selfcheck, dump, compare, unshare,
-release, quit.
+release, quit; for a model cell (model.py) also trajectory and opshare.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from . import integrity, probes, timing
 from .backends import served_within
 from .cell import BuiltCell
 from .compare import compare_results, load_dump, open_shared, save_dump, share
+from .model import ModelCell, ModelRefused
 from .protocol import InitError, send, serve, short_error
 from .target import LAZY_RAN, apply_backend_env, import_op, load_registry, loaded_outside, source_file
 from .tuning import dist_version, triton_version
@@ -200,8 +201,11 @@ class WorkerServer:
         cid = str(spec['id'])
         if cid in self.cells:
             self._release(cid)
-        cell = BuiltCell(self, spec)
-        reply = cell.build()
+        cell = ModelCell(self, spec) if spec.get('model') else BuiltCell(self, spec)
+        try:
+            reply = cell.build()
+        except ModelRefused as e:  # a refusal of the model as asked, not a failure of the op
+            return {'cell': cid, 'ok': False, 'model_refused': True, 'error': str(e)}
         self.cells[cid] = cell
         self.watch.check()
         return reply
@@ -255,6 +259,25 @@ class WorkerServer:
             wall.append(w)
         self.watch.check()
         return {'cell': cell.id, 'k': cell.k, 'host_ms': host, 'wall_ms': wall}
+
+    def _model(self, req: dict) -> ModelCell:
+        cell = self._cell(req)
+        if not isinstance(cell, ModelCell):
+            raise ValueError(f'cell {cell.id!r} is not a model cell')
+        return cell
+
+    def cmd_trajectory(self, req: dict) -> dict:
+        """A fresh model of a model cell trained "steps" steps (ModelCell.trajectory)."""
+        cell = self._model(req)
+        t0 = time.perf_counter()
+        out = cell.trajectory(int(req.get('steps', 20)), float(req.get('perturb', 0.0)), int(req.get('noise_seed', 0)))
+        return {'cell': cell.id, **out, 'seconds': time.perf_counter() - t0}
+
+    def cmd_opshare(self, req: dict) -> dict:
+        """The op's share of a model cell's training step (ModelCell.opshare)."""
+        cell = self._model(req)
+        t0 = time.perf_counter()
+        return {'cell': cell.id, **cell.opshare(int(req.get('reps', 3))), 'seconds': time.perf_counter() - t0}
 
     @staticmethod
     def _results(cell: BuiltCell, req: dict) -> dict:
