@@ -171,41 +171,63 @@ class Probed:
         return "\n".join(lines + ([f"error: {self.error}"] if self.error else [])) or "(no finding)"
 
 
-def _tree(name: str, edits: list[tuple]) -> Path:
-    root = _scratch() / "trees" / name
+@dataclass(frozen=True)
+class Subject:
+    """A target the dynamic layer runs on: a source tree copied per candidate (its `.git` left out),
+    its op, the device and the cell's shape. minifla on the CPU by default; `fla_subject()` on a GPU."""
+    root: Path = MINIFLA
+    op: str = OP
+    device: str = "cpu"
+    shape: tuple = tuple(SHAPE.items())
+
+
+MINI = Subject()
+FLA_ROOT = Path(__file__).resolve().parents[2] / ".fla"
+
+
+def fla_subject(op: str = "chunk_delta_rule") -> Subject:
+    """Real FLA at the repo's `.fla/` on the GPU, at a shape of FLA's own registry."""
+    return Subject(FLA_ROOT, op, "cuda", (("B", 4), ("T", 1024), ("H", 8), ("D", 64)))
+
+
+def _tree(name: str, edits: list[tuple], subject: Subject = MINI) -> Path:
+    root = _scratch() / "trees" / f"{subject.op}-{subject.device}" / name
     if root.exists():
         shutil.rmtree(root)
-    shutil.copytree(MINIFLA, root, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
+    shutil.copytree(subject.root, root, symlinks=True,
+                    ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache"))
     apply(root, edits)
     return root
 
 
-def _base():
-    """The base's worker and its reports, once per test process."""
+def _base(subject: Subject = MINI):
+    """The base's worker and its reports, once per test process and subject."""
     from test_worker import Driver
 
+    key = ("base", subject)
     with _lock:
-        if "base" not in _shared:
-            w = Driver(_tree("base", []), OP, "base", forked=True)
+        if key not in _shared:
+            w = Driver(_tree("base", [], subject), subject.op, "base", device=subject.device, forked=True)
             atexit.register(w.close)
             hello = w.ok("hello")
-            w.ok("setup", cell=_cell("c", SHAPE))
+            w.ok("setup", cell=_cell("c", dict(subject.shape)))
             probes = w.ok("probe", cell="c")["probes"]
-            dumps = _scratch() / "dumps"
+            dumps = _scratch() / "dumps" / f"{subject.op}-{subject.device}"
             w.ok("dump", cell="c", path=str(dumps / "base.pt"))
             w.ok("dump", cell="c", mutated=True, path=str(dumps / "base-mutated.pt"))
-            _shared["base"] = (w, hello, probes, dumps)
-        return _shared["base"]
+            _shared[key] = (w, hello, probes, dumps)
+        return _shared[key]
 
 
-def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = SAMPLES) -> Probed:
-    """Run the bench's dynamic checks of one cell on minifla with `edits` planted (see the module)."""
+def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = SAMPLES,
+           subject: Subject = MINI) -> Probed:
+    """Run the bench's dynamic checks of one cell of `subject` with `edits` planted (see the module)."""
     from test_worker import Driver
 
     from flaloop.guard import dynamic
 
-    base, base_hello, base_probes, dumps = _base()
-    w = Driver(_tree(name, edits), OP, "cand", forked=True)
+    base, base_hello, base_probes, dumps = _base(subject)
+    w = Driver(_tree(name, edits, subject), subject.op, "cand", device=subject.device, forked=True)
     out = Probed()
     seen: list[str] = []  # the timing-integrity violations: they ride on every reply (sticky)
     try:
@@ -217,7 +239,7 @@ def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = S
                 return None
             return r
 
-        if ask("hello") is None or seen or ask("setup", cell=_cell("c", SHAPE, reference=True)) is None:
+        if ask("hello") is None or seen or ask("setup", cell=_cell("c", dict(subject.shape), reference=True)) is None:
             return out
         out.diff = ask("compare", cell="c", ref=str(dumps / "base.pt"), tol=DIFF_TOL)
         if out.diff is None:
@@ -279,9 +301,10 @@ def assert_static_misses(edits: list[tuple]) -> None:
     assert not found, [f"{f.rule} {f.where}: {f.message}" for f in found]
 
 
-def assert_probed(name: str, edits: list[tuple], rule: str, unseen: bool = False) -> Probed:
+def assert_probed(name: str, edits: list[tuple], rule: str, unseen: bool = False,
+                  subject: Subject = MINI) -> Probed:
     """The bench's dynamic layer blocks the planted candidate by `rule`."""
-    r = probed(name, edits, unseen=unseen)
+    r = probed(name, edits, unseen=unseen, subject=subject)
     assert rule in r.blocking, r.show()
     return r
 
