@@ -1,0 +1,42 @@
+"""Times faster than the hardware allows (GPU MODE reference-kernels #159): whatever made the
+timed calls skip their work, the cell's median below its roofline floor (bytes it must move over
+the measured bandwidth, FLOPs over the measured GEMM rate) blocks it. The floor's rule is tested on
+the CPU in tests/test_guard_judging.py (`implausible`); here, on a GPU with real FLA, every other
+layer that sees a memoized op is allowed away (as a contract may), so that the roofline is the
+last one standing."""
+
+import shutil
+
+import pytest
+from conftest import commit_all, flaloop
+from corpus import FLA_ROOT, append, apply
+
+OP = "chunk_delta_rule"
+SHAPE = "B8_T1024_H8_D64"
+# the probes that see a memo first; allowed here so that the timing itself is judged
+ALLOW = ["inputs-mutated", "self-check", "no-own-kernel", "graph-escape", "eager-disagrees"]
+# the first result kept on the query tensor and served again: every timed call does nothing
+MEMO = [append("fla/ops/delta_rule/chunk.py", "\n\n_op = chunk_delta_rule\n\n\ndef chunk_delta_rule(*args, **kwargs):\n"
+                                              "    _key = args[0] if args else kwargs['q']\n"
+                                              "    _d, _n = vars(_key), '_' + 'kept'\n"
+                                              "    if _n not in _d:\n        _d[_n] = _op(*args, **kwargs)\n"
+                                              "    return _d[_n]\n")]
+
+
+@pytest.mark.gpu
+def test_a_memoized_op_whose_other_findings_are_allowed_is_blocked_by_its_roofline_floor(tmp_path):
+    if not FLA_ROOT.is_dir():
+        pytest.skip("real FLA is not at .fla/")
+    repo = tmp_path / "fla"
+    shutil.copytree(FLA_ROOT, repo, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
+    commit_all(repo)
+    r = flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd")
+    assert r.code == 0, r.stderr
+    args = [a for rule in ALLOW for a in ("--allow", rule)]
+    r = flaloop(repo, "audit", OP, *args, "--why", "red-team: the roofline must stop what the other layers allow")
+    assert r.code == 0, r.stdout + r.stderr
+    apply(repo, MEMO)
+    r = flaloop(repo, "bench", OP, "--modes", "fwd", "--rounds", "1", "--min-pairs", "8", "--max-pairs", "8", "--json")
+    assert r.code == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    rules = {f["rule"] for f in r.json["guard"]["findings"] if f["blocking"]}
+    assert "implausible-speedup" in rules, r.json["guard"]["findings"]
