@@ -160,6 +160,7 @@ class Probed:
     diff: dict | None = None         # the differential check's reply
     selfcheck: dict | None = None
     unseen: dict | None = None       # the base's comparison of the candidate's unseen-shape dump
+    times_ms: list = field(default_factory=list)  # the candidate's timed samples, per call
     error: str | None = None         # a worker that failed a request (a crash, a refusal)
 
     @property
@@ -219,6 +220,16 @@ def _base(subject: Subject = MINI):
         return _shared[key]
 
 
+def base_times_ms(subject: Subject = MINI) -> list[float]:
+    """The base's timed samples of the cell, per call (taken once per process and subject)."""
+    key = ("base-times", subject)
+    w = _base(subject)[0]
+    with _lock:
+        if key not in _shared:
+            _shared[key] = list(w.ok("sample", cell="c", n=SAMPLES).get("times_ms") or [])
+        return _shared[key]
+
+
 def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = SAMPLES,
            subject: Subject = MINI) -> Probed:
     """Run the bench's dynamic checks of one cell of `subject` with `edits` planted (see the module)."""
@@ -254,7 +265,9 @@ def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = S
         out.findings += dynamic.cell_findings("c", base_probes, cand["probes"], mutated, DIFF_TOL)
         if out.blocking:
             return out
-        if samples and ask("sample", cell="c", n=samples) is not None:
+        timed = ask("sample", cell="c", n=samples) if samples else None
+        if timed is not None:
+            out.times_ms = list(timed.get("times_ms") or [])
             out.selfcheck = ask("selfcheck", cell="c", tol=DIFF_TOL)
             changed = [n for n, c in ((out.selfcheck or {}).get("checks") or {}).items() if c.get("match") is False]
             if changed:

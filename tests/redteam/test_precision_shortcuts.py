@@ -32,6 +32,9 @@ DYNAMIC = {
     # TF32 set through setattr on objects reached by names built at run time
     "tf32-by-run-time-names": ([after(CHUNK, TOP, "setattr(getattr(getattr(torch, 'back' + 'ends'), 'cu' + 'da').matmul, "
                                                   "'allow_' + 'tf32', True)\n")], "numeric-settings"),
+    # the flag's C++ setter in torch._C, named at run time, on the first call
+    "tf32-through-the-c-setter": ([after(CHUNK, CALL, "    getattr(getattr(torch, '_' + 'C'), '_set_cublas_allow_' + 'tf32')(True)\n")],
+                                  "numeric-settings"),
 }
 
 LOW = "    _lo = getattr(torch, 'bfloat' + '16')\n"
