@@ -36,7 +36,8 @@ def test_a_memoized_op_whose_other_findings_are_allowed_is_blocked_by_its_roofli
     r = flaloop(repo, "audit", OP, *args, "--why", "red-team: the roofline must stop what the other layers allow")
     assert r.code == 0, r.stdout + r.stderr
     apply(repo, MEMO)
-    r = flaloop(repo, "bench", OP, "--modes", "fwd", "--rounds", "1", "--min-pairs", "8", "--max-pairs", "8", "--json")
+    r = flaloop(repo, "bench", OP, "--modes", "fwd", "--rounds", "1", "--min-pairs", "8", "--max-pairs", "8",
+                "--unseen-shapes", "0", "--json")
     assert r.code == 1, r.stdout[-3000:] + r.stderr[-3000:]
     rules = {f["rule"] for f in r.json["guard"]["findings"] if f["blocking"]}
     assert "implausible-speedup" in rules, r.json["guard"]["findings"]
