@@ -34,11 +34,12 @@ DYNAMIC = {
                                     replace(CHUNK, APPLY, CALL_OP + "    return getattr(_o, 'as_' + 'subclass')(_Lz), _h\n")],
                                    "output-subclass"),
     # a thread class fetched from the builtins' importer by names built at run time fills the output
-    # after the call returned; the differential check reads the output first
+    # 2 s after the call returned; the differential check reads the output long before
     "filled-later-by-a-hidden-thread": ([replace(CHUNK, APPLY, CALL_OP + (
         "    _z = torch.zeros_like(_o)\n"
-        "    _t = getattr(vars(torch)['__builtins__']['__im' + 'port__']('thre' + 'ading'), 'Thr' + 'ead')\n"
-        "    _t(target=lambda: (torch.ones(300000).cumsum(0), _z.copy_(_o))).start()\n"
+        "    _imp = vars(torch)['__builtins__']['__im' + 'port__']\n"
+        "    _t, _nap = getattr(_imp('thre' + 'ading'), 'Thr' + 'ead'), getattr(_imp('ti' + 'me'), 'sl' + 'eep')\n"
+        "    _t(target=lambda: (_nap(2.0), _z.copy_(_o)), daemon=True).start()\n"
         "    return _z, _h\n"))], "differs-from-base"),
 }
 
