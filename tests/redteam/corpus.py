@@ -13,6 +13,9 @@ Two layers run here on the CPU, each set up once per test process and shared by 
   (`self-check`), and with `unseen` the unseen-shape comparison (`unseen-shape-differs`). The
   findings are judged by the same functions the session calls.
 
+On a GPU, `Subject(device="cuda")` runs the same on minifla's compiled kernels and `fla_subject()` on
+real FLA at the repo's `.fla/` (tests marked `gpu`).
+
 An edit is a tuple: `after(path, anchor, text)`, `replace(path, old, new)`, `append(path, text)` or
 `new_file(path, text)`. Plants are written in the disguises a static rule does not read where that
 makes sense (names built at run time, state on tensors, closures, function attributes), and each
@@ -31,19 +34,18 @@ from conftest import MINIFLA, OP, flaloop, make_repo
 
 CHUNK = "minifla/ops/linear_attn/chunk.py"
 INIT = "minifla/__init__.py"
-COMMON = "minifla/ops/linear_attn/_common.py"
 
-# anchors in examples/minifla (text is inserted after the anchor)
+# anchors in examples/minifla (`after` inserts after one, `replace` replaces its first occurrence)
 TOP = "CHUNK_SIZE = 32\n"                                                            # chunk.py, module level
 CALL = "    N, scale, max_len = check_inputs(q, k, v, scale, initial_state, cu_seqlens)\n"  # the op's entry
 FWD = "    o = torch.empty_like(v)\n"                                                # chunk_linear_attn_fwd
-RET = "    return o, ht\n"                                                           # its return (first)
 END_INIT = "__version__ = '0.1.0'\n"
 APPLY = ("    return ChunkLinearAttnFunction.apply(\n"
          "        q, k, v, scale, initial_state, output_final_state, cu_seqlens, N, max_len,\n    )\n")
 
-# the bench's cell for the corpus: fwd, fp32, the contract's CPU shape; the self-check's samples are
-# enough for a measuring process to pass 25 calls (warm-up 12 + setup's references + samples)
+# the bench's cell for the corpus: fwd, fp32, the contract's CPU shape. A candidate's worker calls the
+# op 13 times by the end of setup, 20 by the end of the warm-up's checks and probes, and 32 by the end
+# of the samples: a plant that changes after 24 calls is honest for the checks and not for the timing
 SHAPE = {"B": 1, "T": 64, "H": 2, "D": 32}
 DIFF_TOL = 0.005          # BenchConfig.diff_tol's default
 SAMPLES = 12
@@ -286,10 +288,10 @@ def _unseen(base, ask, name: str, dumps: Path) -> dict | None:
     """The warm-up's unseen-shape check (warmup.check_unseen): both sides set the shape up with
     inputs only, dump one call each, and the base compares the candidate's dump with its own."""
     with _lock:
-        if "unseen" not in _shared:
+        if ("unseen", dumps) not in _shared:  # the dumps' directory is the subject's
             base.ok("setup", cell=_cell("u", UNSEEN, check_only=True, timer="eager"))
             base.ok("dump", cell="u", path=str(dumps / "base-unseen.pt"))
-            _shared["unseen"] = True
+            _shared["unseen", dumps] = True
     if ask("setup", cell=_cell("u", UNSEEN, check_only=True, timer="eager")) is None:
         return None
     if ask("dump", cell="u", path=str(dumps / f"{name}-unseen.pt")) is None:
