@@ -43,14 +43,15 @@ def test_a_memoized_op_whose_other_findings_are_allowed_is_blocked_by_its_roofli
     repo = tmp_path / "fla"
     shutil.copytree(FLA_ROOT, repo, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
     commit_all(repo)
-    r = flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd")
+    gpu = {"TRITON_INTERPRET": None}  # compiled kernels: the helper sets the interpreter for the CPU
+    r = flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd", env=gpu)
     assert r.code == 0, r.stderr
     args = [a for rule in ALLOW for a in ("--allow", rule)]
     r = flaloop(repo, "audit", OP, *args, "--why", "red-team: the roofline must stop what the other layers allow")
     assert r.code == 0, r.stdout + r.stderr
     apply(repo, MEMOS[name])
     r = flaloop(repo, "bench", OP, "--modes", "fwd", "--rounds", "1", "--min-pairs", "8", "--max-pairs", "8",
-                "--unseen-shapes", "0", "--json")
+                "--unseen-shapes", "0", "--json", env=gpu)
     assert r.code == 1, r.stdout[-3000:] + r.stderr[-3000:]
     rules = {f["rule"] for f in r.json["guard"]["findings"] if f["blocking"]}
     assert "below-floor" in rules, r.json["guard"]["findings"]
