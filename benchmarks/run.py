@@ -45,6 +45,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
             report; then the same tree Triton against Gluon (--cand-env FLA_ATTNRES_GLUON=1)
   tilelang  parallel_attn on FLA's TileLang backend the same way (tilelang staged as wheels first)
   backends  gluon and tilelang in one lease: both cold gates at once, then each loop alone on the GPU
+  declared  chunk_log_linear_attn (not in FLA's registry) declared in flaloop.toml: init, bench --aa
+            --quick (every cell measured), and a bad declaration refused at init (exit 2, the key named)
   evidence  a varlen loop (baseline, an honest iteration, explain, `flaloop sanitize` on the kept change,
             the profile-backed stop --go, report)
 
@@ -70,6 +72,7 @@ from harness import (  # benchmarks/ is the script's directory, first on sys.pat
     write,
 )
 from suites_backends import suite_backends, suite_gluon, suite_tilelang
+from suites_declared import suite_declared
 from suites_explain import suite_evidence, suite_plants, suite_reach
 from suites_integrity import suite_integrity, suite_l2, suite_timer_load
 from suites_measure import (
@@ -99,7 +102,8 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
           "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
           "timer-load": suite_timer_load,
-          "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "timed": suite_timed}
+          "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "timed": suite_timed,
+          "declared": suite_declared}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -153,6 +157,8 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # while the deadline allows, the survey (FLALOOP_SURVEY_OPS: the gated ops, whose backward FLA serves
          # with TileLang once it imports, say)
          "h200-backends": [[["machine", "backends", "survey"]]],
+         # issue 36: an op FLA's registry lacks, declared in flaloop.toml, through init and bench --aa --quick
+         "h200-declared": [[["machine", "declared"]]],
          "h200-lite": [[["machine", "gate"]], [["guard", "faults"], ["loop", "profile", "report"]], [["cycle"]]]}
 
 

@@ -19,10 +19,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flaloop import __version__, fsutil, git
+from flaloop import __version__, fsutil, git, opcalls
 from flaloop.bench.model import L2_MODES, L2_WORDS, MODES
 from flaloop.errors import UsageError
-from flaloop.target import OpSpec, Target, run_query
+from flaloop.target import CONFIG_FILE, OpSpec, Target, argument_names, run_query
 
 SCHEMA = 1
 LANGS = ("triton", "gluon", "tilelang", "cute", "cuda", "torch")
@@ -229,8 +229,12 @@ def compute_frozen(target: Target, spec: OpSpec, base_commit: str) -> tuple[list
     answer = run_query(target.python, root, [
         "op", "--import-path", spec.import_path, "--func", spec.func_name, "--resolve", json.dumps(wanted)])
     if not answer.get("ok"):
+        hint = ("fix the import, or pass --python" if spec.source != CONFIG_FILE else
+                f"fix import_path (the module) or func_name (the function in it) under [ops.{spec.name}] "
+                f"in {CONFIG_FILE}, e.g. import_path = \"pkg.ops.mod\", func_name = \"{spec.func_name}\"; "
+                "or pass --python")
         raise UsageError(f"could not import {spec.import_path}.{spec.func_name} with {target.python}: "
-                         f"{answer.get('error')}", "fix the import, or pass --python")
+                         f"{answer.get('error')}", hint)
     entry = answer["func_file"]
     op_dir = Path(answer["module_file"]).parent
     if (op_dir / "naive.py").is_file():
@@ -341,14 +345,30 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         raise UsageError(f"unknown mode(s) {', '.join(bad)}", f"choose from {', '.join(MODES)}")
     if l2 not in L2_MODES:
         raise UsageError(f"--l2 {l2}: not one of {', '.join(L2_MODES)}", "e.g. --l2 both: a hot and a cold cell each")
+    # the bench builds a declared op's inputs from the declaration the base commit has: refused
+    # now where the base has none (flaloop.toml not committed), not at the first bench
+    spec = target.declared_at(spec, base_commit)
+    answer = None
+    if spec.declared is None and not spec.registry.get("inputs"):
+        # inputs from the calls its test recorded: refused now where there are none, else they
+        # need the op's parameter names, which the op query answers
+        if opcalls.read(opcalls.calls_path(target.workspace(spec.name))) is None:
+            target.bench_spec(spec, [])
+        frozen, answer = compute_frozen(target, spec, base_commit)
+        spec = target.bench_spec(spec, argument_names(answer["parameters"]))
     known_shapes = target.shape_configs(spec)
+    if not known_shapes:
+        raise UsageError(f"{spec.name} has no shapes to bench",
+                         f"name them under [ops.{spec.name}.shapes] in {CONFIG_FILE}, e.g. "
+                         f"B2_T64_H2_D16 = {{ B = 2, T = 64, H = 2, D = 16 }}")
     if shapes:
         unknown = [s for s in shapes if s not in known_shapes]
         if unknown:
             raise UsageError(f"unknown shape(s) {', '.join(unknown)} for {spec.name}",
                              f"known: {', '.join(known_shapes) or '(none)'}")
     check_overrides(spec, overrides)
-    frozen, answer = compute_frozen(target, spec, base_commit)
+    if answer is None:
+        frozen, answer = compute_frozen(target, spec, base_commit)
     entry_rel = os.path.relpath(answer["func_file"], os.path.realpath(target.root))
     contract = Contract(
         op=spec.name, import_path=spec.import_path, func_name=spec.func_name, entry_file=entry_rel,

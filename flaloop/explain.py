@@ -367,13 +367,12 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
     out = directory(ws) / stamp
     out.mkdir(parents=True, exist_ok=True)
     env = profiling.step_env(ws)
-    registry_rel = target.registry_file.relative_to(target.root)
     base_commit, cand_commit = vs.get("base_commit") or contract.base_commit, iteration.commit
     sides: dict[str, list[dict]] = {"base": [], "cand": []}
     per_round = max(2, math.ceil(steps / ROUNDS))
     with git.worktree(target.root, base_commit, "explain-base") as base_tree, \
             git.worktree(target.root, cand_commit, "explain-cand") as cand_tree:
-        registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does
+        registry = target.worker_registry(contract, base_tree, out)  # both sides read the base's, as the bench does
         trees = {"base": base_tree, "cand": cand_tree}
         for r, order in enumerate(_orders(ROUNDS)):
             for side in order:

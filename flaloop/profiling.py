@@ -49,7 +49,7 @@ NCU_ALIASES = {"gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram__
 
 
 def pick_cell(target, contract, shape: str | None, mode: str | None) -> model_mod.Cell:
-    spec = target.op(contract.op)
+    spec = target.contract_spec(contract)
     name = shape or (contract.shapes[0] if contract.shapes else None)
     if not name:
         raise UsageError("no shape to profile", "pass --shape NAME (see the contract's shapes)")
@@ -220,14 +220,13 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
     stamp = now_stamp()
     out = ws / "trace" / stamp
     out.mkdir(parents=True, exist_ok=True)
-    registry_rel = target.registry_file.relative_to(target.root)
     env = step_env(ws)
     state = git.tree_state(target.root)
     doc: dict = {"kind": "profile", "schema": 1, "op": contract.op, "created": stamp, "command": command,
                  "cell": {**cell.to_wire(model_mod.BenchConfig(sample_ms=1.0), None, "eager"), "shape_name": cell.shape_name},
                  "base_commit": contract.base_commit, "candidate": state}
     with git.worktree(target.root, contract.base_commit, "base") as base_tree:
-        registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does
+        registry = target.worker_registry(contract, base_tree, out)
         trees = {"base": base_tree, "cand": target.root}
         for side, tree in trees.items():
             say("side", side=side)

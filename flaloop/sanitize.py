@@ -63,7 +63,7 @@ TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 def contract_cells(target, contract, only: list[str] | None = None) -> list[model_mod.Cell]:
     """Every cell of the contract (shapes x modes, and the varlen cells when it asks), as the bench
     builds them; `only` keeps the cells with these ids."""
-    spec = target.op(contract.op)
+    spec = target.contract_spec(contract)
     cells = model_mod.make_cells(target.shape_configs(spec), list(contract.shapes), list(contract.modes),
                                  model_mod.BenchConfig().dtype, bool(contract.varlen))
     if not cells:
@@ -183,7 +183,7 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
     picked = contract_cells(target, contract, cells)
     if candidate_commit is not None:  # recorded as the commit, so a go finds this run by its kept commit
         candidate_commit = git.resolve_ref(target.root, candidate_commit)
-    if not target.registry_file.is_file():
+    if target.contract_spec(contract).declared is None and not target.registry_file.is_file():
         raise UsageError(f"{contract.op} has no registry entry to build inputs from",
                          f"the bench reads TensorSpecs from {target.registry_file.relative_to(target.root)}")
     ws = target.workspace(contract.op)
@@ -204,11 +204,10 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
     else:
         doc["sanitizer"]["version"] = sanitizer_version(exe)
         doc["tools"] = {}
-        registry_rel = target.registry_file.relative_to(target.root)
         env = step_env(ws)
         with git.worktree(target.root, contract.base_commit, "base") as base_tree, \
                 _candidate_tree(target.root, candidate_commit) as cand_tree:
-            registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does
+            registry = target.worker_registry(contract, base_tree, out)
 
             running = Running()
             trees = {"base": base_tree, "cand": cand_tree}

@@ -11,6 +11,7 @@ entry names `test_file`. A repo without such a registry describes its ops in `fl
     import_path = "mypkg.ops.my_op"     # module that exports the op
     func_name = "my_op"                 # default: the op's name
     test_file = "tests/test_my_op.py"   # default: tests/ops/test_<last segment>.py
+    # and its bench inputs, shapes and keyword arguments: opdecl.py (README.md has the schema)
 
     [gate]
     strip_env = ["MY_LENIENT_MODE"]     # more variables that weaken the tests
@@ -21,6 +22,7 @@ Ops from flaloop.toml override registry entries of the same name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -37,7 +39,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
     import tomli as tomllib
 
-from flaloop import fsutil, git, procs
+from flaloop import fsutil, git, opcalls, opdecl, procs
 from flaloop.errors import StorageError, UsageError
 
 SCRIPT = Path(__file__).parent / "scripts" / "target_query.py"
@@ -56,6 +58,10 @@ class OpSpec:
     test_file_explicit: bool
     source: str  # "registry" or "flaloop.toml"
     registry: dict = field(default_factory=dict, compare=False, hash=False)
+    # the worker's declaration of its inputs (opdecl.normalize, or opcalls.declaration), when the
+    # bench builds them from flaloop.toml or from recorded calls rather than from the registry
+    declared: dict | None = field(default=None, compare=False, hash=False)
+    declare_error: UsageError | None = field(default=None, compare=False, hash=False)
 
     @property
     def package(self) -> str:
@@ -68,6 +74,13 @@ class OpSpec:
             "test_file": self.test_file, "test_file_explicit": self.test_file_explicit,
             "source": self.source,
         }
+
+
+def argument_names(parameters: list[dict]) -> list[str]:
+    """The names a call's positional arguments bind to, in order (the op query's `parameters`):
+    not *args, **kwargs, nor the keyword-only ones."""
+    return [p["name"] for p in parameters
+            if str(p.get("kind", "POSITIONAL_OR_KEYWORD")) in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
 
 
 def derived_test_file(import_path: str) -> str:
@@ -264,11 +277,18 @@ class Target:
             )
         for name, entry in self.config.get("ops", {}).items():
             explicit = "test_file" in entry
+            declared, error, registry = None, None, specs[name].registry if name in specs else {}
+            if any(k in entry for k in opdecl.OP_KEYS):  # its bench inputs are declared here
+                try:
+                    declared = opdecl.normalize(name, entry, self.registry().get("shape_configs"))
+                    registry = opdecl.registry_view(declared)
+                except UsageError as exc:  # said when the op is used, not when another one is listed
+                    error = exc
             specs[name] = OpSpec(
                 name=name, import_path=entry["import_path"], func_name=entry.get("func_name", name),
                 test_file=entry.get("test_file") or derived_test_file(entry["import_path"]),
-                test_file_explicit=explicit, source=CONFIG_FILE,
-                registry=specs[name].registry if name in specs else {},
+                test_file_explicit=explicit, source=CONFIG_FILE, registry=registry, declared=declared,
+                declare_error=error,
             )
         if not specs:
             raise UsageError(
@@ -281,6 +301,8 @@ class Target:
     def op(self, name: str) -> OpSpec:
         ops = {s.name: s for s in self.ops()}
         if name in ops:
+            if ops[name].declare_error is not None:
+                raise ops[name].declare_error
             return ops[name]
         close = difflib.get_close_matches(name, list(ops), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else "run `flaloop list` to see the ops"
@@ -299,6 +321,63 @@ class Target:
 
     def shape_configs(self, spec: OpSpec) -> dict[str, dict]:
         return spec.registry.get("default_shapes") or self.registry().get("shape_configs", {})
+
+    def declared_at(self, spec: OpSpec, commit: str) -> OpSpec:
+        """`spec` with its flaloop.toml declaration as the file stands at `commit`: the bench builds
+        both sides' inputs from the base's, as it reads the base's registry, so that no edit of the
+        candidate's changes what is measured."""
+        if spec.declared is None or spec.declared.get("recorded"):
+            return spec
+        raw = git.file_at(self.root, commit, CONFIG_FILE)
+        try:
+            entry = tomllib.loads(raw.decode())["ops"][spec.name] if raw is not None else None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, KeyError, TypeError):
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("import_path"), str):
+            raise UsageError(f"the base {commit[:12]} declares no op {spec.name} in {CONFIG_FILE}",
+                             f"commit the [ops.{spec.name}] declaration, or choose a base that has it (--base)")
+        decl = opdecl.normalize(spec.name, entry, self.registry().get("shape_configs"))
+        return dataclasses.replace(spec, declared=decl, registry=opdecl.registry_view(decl))
+
+    def contract_spec(self, contract) -> OpSpec:
+        """The contract's op as the bench builds it (bench_spec, with the signature the contract holds)."""
+        return self.bench_spec(self.op(contract.op), argument_names(getattr(contract, "parameters", None) or []))
+
+    def worker_registry(self, contract, base_tree: Path, scratch: Path) -> Path:
+        """What a worker reads the op's inputs from: the base's registry (both sides read it, as the
+        bench does), or the op's declaration written into `scratch` (bench/worker/declared.py)."""
+        spec = self.declared_at(self.contract_spec(contract), contract.base_commit)
+        if spec.declared is not None:
+            return fsutil.atomic_write_json(Path(scratch) / "op-declared.json", spec.declared)
+        if not self.registry_file.is_file():
+            raise UsageError(f"{contract.op} has no registry entry to build inputs from",
+                             f"the bench reads TensorSpecs from {self.registry_file.relative_to(self.root)}")
+        return Path(base_tree) / self.registry_file.relative_to(self.root)
+
+    def bench_spec(self, spec: OpSpec, parameters: list[str] | None) -> OpSpec:
+        """`spec` with what the bench builds its inputs from: its registry entry, its declaration in
+        flaloop.toml, else the calls its frozen test made at the base (opcalls), which need the op's
+        parameter names (`parameters`, in signature order). A UsageError says what to declare."""
+        if spec.declared is not None or spec.registry.get("inputs"):
+            return spec
+        path = opcalls.calls_path(self.workspace(spec.name))
+        doc = opcalls.read(path)
+        where = (f"the registry {self._registry_name()} has no entry {spec.name!r}" if self.registry_file.exists()
+                 else "the repo has no registry")
+        hint = (f"declare its inputs under [ops.{spec.name}.inputs] in {CONFIG_FILE}, e.g.\n"
+                + opdecl.EXAMPLE.format(op=spec.name) + "\n(the op schema is in README.md)")
+        if doc is None:
+            raise UsageError(f"{spec.name} declares no bench inputs, {where}, and no calls of its test are recorded "
+                             f"at {path.relative_to(self.root)} (the base gate records them there)", hint)
+        if parameters is None:
+            raise UsageError(f"{spec.name}: the recorded calls need the op's signature", "run `flaloop init` first")
+        try:
+            decl = opcalls.declaration(doc, name=spec.name, import_path=spec.import_path, func_name=spec.func_name,
+                                       parameters=parameters, test_file=spec.test_file)
+        except ValueError as exc:
+            raise UsageError(f"{spec.name} declares no bench inputs, {where}, and its recorded calls "
+                             f"({path.relative_to(self.root)}) give none: {exc}", hint) from None
+        return dataclasses.replace(spec, declared=decl, registry=opdecl.registry_view(decl))
 
 
 @dataclass

@@ -15,7 +15,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from flaloop import git, roofline
+from flaloop import fsutil, git, roofline
 from flaloop.bench.launcher import Launcher, make_launcher
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.session import Cancelled, Events, Measurement, Session
@@ -32,6 +32,16 @@ def session_env(plan: MeasurePlan, triton_cache: Path, base_env: dict | None = N
     else:  # keyed by kernel source: see BenchConfig.independent_tuning
         env["TRITON_CACHE_AUTOTUNING"] = "1"
     return env
+
+
+def registry_path(plan: MeasurePlan, base_tree: Path, run_dir: Path) -> Path:
+    """What the workers read the op's inputs from: the base's registry, or the op's declaration
+    written beside the run (a `.json` file: bench/worker/declared.py)."""
+    if plan.declared is None:
+        return base_tree / plan.registry_rel
+    path = Path(run_dir) / "op-declared.json"
+    fsutil.atomic_write_json(path, plan.declared)
+    return path
 
 
 def measure(plan: MeasurePlan, *, repo: Path, run_dir: Path, triton_cache: Path, gpu: str | None = None,
@@ -51,7 +61,7 @@ def measure(plan: MeasurePlan, *, repo: Path, run_dir: Path, triton_cache: Path,
             env = session_env(plan, triton_cache, base_env)
             if launcher is None:
                 launcher = make_launcher(forkserver=plan.config.forkserver, python=plan.python, op=plan.op,
-                                         registry=base_tree / plan.registry_rel, device=plan.config.device, env=env,
+                                         registry=registry_path(plan, base_tree, run_dir), device=plan.config.device, env=env,
                                          import_mode=plan.config.import_mode, gpu=gpu, cand_env=plan.config.cand_env)
             if own_launcher:
                 stack.callback(lambda: launcher.close(leave_warm=not interrupted))

@@ -326,7 +326,16 @@ def make_cells(shape_configs: dict[str, dict], names: list[str], modes: list[str
     states = l2_states(l2)
     cells = []
     for name in names:
-        cells.extend(Cell(name, dict(shape_configs[name]), mode, dtype, l2=s) for mode in modes for s in states)
+        shape = dict(shape_configs[name])
+        if "seqlens" in shape:  # a packed shape of its own (a flaloop.toml shape): B = 1, T = their sum
+            lens = tuple(shape.pop("seqlens"))
+            shape = {**shape, "B": 1, "T": sum(lens)}
+            cells.extend(Cell(name, shape, mode, dtype, lens, l2=s) for mode in modes for s in states)
+            continue
+        cells.extend(Cell(name, shape, mode, dtype, l2=s) for mode in modes for s in states)
+        if varlen and not {"B", "T"} <= set(shape):
+            raise UsageError(f"--varlen packs B*T tokens, and the shape {name} has no B or T: {shape}",
+                             "declare a packed shape instead, e.g. T96_packed = { H = 2, D = 16, seqlens = [32, 64] }")
         if varlen:
             vname, vshape, lens = varlen_shape(name, shape_configs[name])
             cells.extend(Cell(vname, vshape, mode, dtype, lens, l2=s) for mode in modes for s in states)

@@ -39,6 +39,9 @@ class MeasurePlan:
     command: str = ""
     label: str = "bench"        # what the run directory is called after: bench, aa, a sweep candidate
     unseen: dict | None = None  # the shapes nobody times the warm-up checks (bench/unseen.plan)
+    # the op's inputs declared in flaloop.toml or read from recorded calls (opdecl, opcalls): the
+    # workers build them from this rather than from a registry (registry_rel is then "")
+    declared: dict | None = None
 
     @property
     def same_tree(self) -> bool:
@@ -82,23 +85,26 @@ def plan(target, contract, *, base: TreeRef, candidate: TreeRef, shapes: list[st
          static: dict | None = None, gate: dict | None = None, last_gate: dict | None = None,
          command: str = "", label: str | None = None) -> MeasurePlan:
     """The cells and everything else a session on `candidate` against `base` needs (no process starts)."""
-    spec = target.op(contract.op)
-    if not target.registry_file.is_file():
-        raise UsageError(f"{contract.op} has no registry entry to build bench inputs from",
-                         f"the bench reads TensorSpecs from {target.registry_file.relative_to(target.root)}")
-    registry_rel = str(target.registry_file.relative_to(target.root))
-    if git.file_at(target.root, base.commit, registry_rel) is None:
-        raise UsageError(f"the base {base.commit[:12]} has no {registry_rel}",
-                         "choose a base that has the registry (--base)")
+    spec = target.declared_at(target.contract_spec(contract), base.commit)
+    if spec.declared is not None:  # the worker builds its inputs from the declaration (bench/measure.py)
+        registry_rel = ""
+    else:
+        registry_rel = str(target.registry_file.relative_to(target.root))
+        if git.file_at(target.root, base.commit, registry_rel) is None:
+            raise UsageError(f"the base {base.commit[:12]} has no {registry_rel}",
+                             "choose a base that has the registry (--base)")
     configs = target.shape_configs(spec)
     cells = make_cells(configs, shapes or contract.shapes, cfg.modes, cfg.dtype, cfg.varlen, cfg.l2)
     if not cells:
         raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
     cfg.inputs = {**contract.input_overrides, **cfg.inputs}
     contract_mod.check_overrides(spec, cfg.inputs)
+    unseen = unseen_mod.plan(cfg, configs, cells, spec.registry)
+    if spec.declared and spec.declared.get("recorded") and not unseen["off"]:
+        unseen.update(off="the op's shapes are recorded calls: no dimension to vary", shapes=[], on_path=[])
     return MeasurePlan(op=contract.op, python=target.python, registry_rel=registry_rel,
                        registry_entry=spec.registry or {}, cells=cells, config=cfg, base=base,
                        candidate=candidate, static=None if cfg.aa else static,
                        allowed=list(getattr(contract, "allowed", None) or []), gate=gate, last_gate=last_gate,
                        command=command, label=label or ("aa" if cfg.aa else "bench"),
-                       unseen=unseen_mod.plan(cfg, configs, cells, spec.registry))
+                       unseen=unseen, declared=spec.declared)

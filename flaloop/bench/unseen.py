@@ -89,7 +89,7 @@ def dims_of(shape_configs: dict[str, dict]) -> list[str]:
     """The op's shape dimensions, in the order its configs name them (B, T, H, D at least)."""
     dims = list(CORE)
     for cfg in shape_configs.values():
-        dims += [k for k in cfg if k not in dims]
+        dims += [k for k in cfg if k not in dims and k != "seqlens"]  # a packed shape's lengths are no dimension
     return dims
 
 

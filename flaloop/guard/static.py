@@ -24,6 +24,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
+    import tomli as tomllib
+
 from flaloop import git
 from flaloop.guard.catalogue import finding
 from flaloop.guard.findings import Finding
@@ -143,7 +148,23 @@ def shape_literals(root: Path, base_commit: str, test_file: str, registry: str |
                 ints |= {v.value for v in d.values if isinstance(v, ast.Constant) and type(v.value) is int}
     for s in shapes:
         ints |= {int(x) for x in re.findall(r"[A-Za-z]+(\d+)", s)}
+    ints |= declared_shape_ints(git.file_at(root, base_commit, "flaloop.toml"))
     return frozenset(i for i in ints if i > 1)
+
+
+def declared_shape_ints(blob: bytes | None) -> set[int]:
+    """The sizes of the named shapes ops declare in flaloop.toml (their [ops.NAME.shapes])."""
+    try:
+        doc = tomllib.loads(blob.decode()) if blob else {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return set()
+    ints: set[int] = set()
+    for entry in (doc.get("ops") or {}).values():
+        shapes = entry.get("shapes") if isinstance(entry, dict) else None
+        for dims in (shapes.values() if isinstance(shapes, dict) else ()):
+            for v in (dims.values() if isinstance(dims, dict) else ()):
+                ints |= {x for x in (v if isinstance(v, list) else [v]) if type(x) is int}
+    return ints
 
 
 def added_hits(base: Source, cand: Source, base_hits: list[Hit], cand_hits: list[Hit]) -> list[Hit]:

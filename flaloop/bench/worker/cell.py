@@ -40,6 +40,14 @@ GRAPH_PROOF_TOL = 1e-3        # graph replay vs eager, relative RMS
 PLACEMENT_MEMORY_SHARE = 0.25  # extra placements may take at most this share of the free GPU memory
 
 
+
+def first_output(out, is_tuple):
+    """The output a backward starts from: the first item of a tuple, the output itself; `is_tuple`
+    None (an op declared from recorded calls, whose return nobody described) decides by the type."""
+    if is_tuple is None:
+        is_tuple = isinstance(out, (tuple, list))
+    return out[0] if is_tuple else out
+
 class GraphProofError(Exception):
     """The captured CUDA graph does not reproduce the eager results."""
 
@@ -101,7 +109,7 @@ class BuiltCell:
 
     def _add_do(self, s: InputSet) -> None:
         out = self.fn(**s.kwargs)
-        t = out[0] if self.cfg.output_is_tuple else out
+        t = first_output(out, self.cfg.output_is_tuple)
         if not isinstance(t, torch.Tensor):
             raise TypeError(f'output used for backward is {type(t).__name__}, not a tensor')
         s.do = torch.randn(t.shape, dtype=t.dtype, device=t.device, generator=s.gen)
@@ -203,7 +211,7 @@ class BuiltCell:
         for _, leaf in s.leaves:
             leaf.grad = None
         out = self.fn(**s.kwargs)
-        t = out[0] if self.cfg.output_is_tuple else out
+        t = first_output(out, self.cfg.output_is_tuple)
         if s.do is None:  # the same draw `_add_do` makes, without its extra call
             s.do = torch.randn(t.shape, dtype=t.dtype, device=t.device, generator=s.gen)
         t.backward(s.do)

@@ -145,7 +145,9 @@ class CellSpec:
             self.seqlens = seqlens
             self.shape['B'] = 1
             self.shape['T'] = total
-        for dim in ('B', 'T', 'H', 'D'):
+        # a declared op needs the dimensions its expressions name; a registry's shape_fn takes B, T, H, D
+        needed = cfg.dims if getattr(cfg, 'declared', False) else ('B', 'T', 'H', 'D')
+        for dim in needed:
             if dim not in self.shape:
                 raise ValueError(f'shape lacks {dim!r}: {self.shape}')
         constraints = getattr(cfg, 'dim_constraints', None)
@@ -158,7 +160,7 @@ class CellSpec:
     def dims(self):
         s = self.shape
         extra = {k: v for k, v in s.items() if k not in ('B', 'T', 'H', 'D')}
-        return s['B'], s['T'], s['H'], s['D'], extra
+        return s.get('B'), s.get('T'), s.get('H'), s.get('D'), extra
 
     def tensor_dtype(self, name: str):
         if name == 'default':
@@ -187,12 +189,19 @@ class CellSpec:
         gen.manual_seed(derive_seed(self.seed, index, self.draw))
         inputs = {}
         for name, spec in cfg.inputs.items():
-            shape = tuple(int(x) for x in spec.shape_fn(B, T, H, D, **extra))
+            # a declared input may take its value (`from`) or its shape (`like`) from one built before it
+            source, like = getattr(spec, 'source', None), getattr(spec, 'like', None)
             dt = self.tensor_dtype(spec.dtype)
-            if dt == torch.long:
-                t = torch.randint(0, 10, shape, dtype=torch.long, device=device, generator=gen)
+            if source is not None:
+                t = inputs[source].detach().clone()
             else:
-                t = torch.randn(shape, dtype=dt, device=device, generator=gen)
+                shape = (tuple(inputs[like].shape) if like is not None
+                         else tuple(int(x) for x in spec.shape_fn(B, T, H, D, **extra)))
+                if not dt.is_floating_point:
+                    lo, hi = getattr(spec, 'int_range', (0, 10))
+                    t = torch.randint(int(lo), int(hi), shape, dtype=dt, device=device, generator=gen)
+                else:
+                    t = torch.randn(shape, dtype=dt, device=device, generator=gen)
             ov = self.overrides.get(name)
             if ov is not None and ov.startswith(NEG):
                 t = -inputs[ov[len(NEG):]].detach().clone()
@@ -206,7 +215,7 @@ class CellSpec:
         if cfg.post_init is not None:
             # post_init may use the global RNG
             torch.manual_seed(derive_seed(self.seed, index, 'post_init' + (f':{self.draw}' if self.draw else '')))
-            cfg.post_init(inputs, B=B, T=T, H=H, D=D, **extra)
+            cfg.post_init(inputs, **{k: v for k, v in dict(B=B, T=T, H=H, D=D).items() if v is not None}, **extra)
         kwargs = {**inputs, **(cfg.extra_kwargs or {}), **varlen_kw}
         leaves = []
         for name, v in inputs.items():

@@ -22,7 +22,11 @@ def dotted_name(path: str, tree: str) -> str | None:
 
 
 def load_registry(path: str, tree: str):
-    """Import the registry file under a private module name (fallback: as a package module of TREE)."""
+    """Import the registry file under a private module name (fallback: as a package module of TREE).
+    A `.json` file is an op declared in flaloop.toml, as flaloop/opdecl.py wrote it (declared.py)."""
+    if path.endswith('.json'):
+        from .declared import load
+        return load(path)
     spec = importlib.util.spec_from_file_location(REGISTRY_MODULE_NAME, path)
     if spec is None or spec.loader is None:
         raise ImportError(f'cannot load registry from {path}')
