@@ -1,0 +1,332 @@
+"""The red-team corpus's shared machinery: plant a candidate into a copy of examples/minifla, run the
+layer that must stop it, return what that layer found.
+
+Two layers run here on the CPU, each set up once per test process and shared by every class module:
+
+- `static_blocks(edits)`: the static audit (`flaloop.guard.audit.audit`), in-process, on one minifla
+  git repo with a contract; the edits go into its working tree and are put back afterwards.
+- `probed(name, edits)`: the bench's warm-up and self-check, driven through the real worker protocol
+  as the session drives them (bench/warmup.py, bench/sampling.self_check): one base worker, forked
+  from the warm fork server and shared, and one candidate worker per planted tree; `hello`
+  (`timer-patched`), the differential check (`differs-from-base`), the probes and the comparison on
+  inputs changed in place (`guard.dynamic.cell_findings`), timed samples then `selfcheck`
+  (`self-check`), and with `unseen` the unseen-shape comparison (`unseen-shape-differs`). The
+  findings are judged by the same functions the session calls.
+
+On a GPU, `Subject(device="cuda")` runs the same on minifla's compiled kernels and `fla_subject()` on
+real FLA at the repo's `.fla/` (tests marked `gpu`).
+
+An edit is a tuple: `after(path, anchor, text)`, `replace(path, old, new)`, `append(path, text)` or
+`new_file(path, text)`. Plants are written in the disguises a static rule does not read where that
+makes sense (names built at run time, state on tensors, closures, function attributes), and each
+module pairs its cheats with honest changes that must pass.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conftest import MINIFLA, OP, flaloop, make_repo
+
+CHUNK = "minifla/ops/linear_attn/chunk.py"
+INIT = "minifla/__init__.py"
+
+# anchors in examples/minifla (`after` inserts after one, `replace` replaces its first occurrence)
+TOP = "CHUNK_SIZE = 32\n"                                                            # chunk.py, module level
+CALL = "    N, scale, max_len = check_inputs(q, k, v, scale, initial_state, cu_seqlens)\n"  # the op's entry
+FWD = "    o = torch.empty_like(v)\n"                                                # chunk_linear_attn_fwd
+END_INIT = "__version__ = '0.1.0'\n"
+APPLY = ("    return ChunkLinearAttnFunction.apply(\n"
+         "        q, k, v, scale, initial_state, output_final_state, cu_seqlens, N, max_len,\n    )\n")
+
+# the bench's cell for the corpus: fwd, fp32, the contract's CPU shape. A candidate's worker calls the
+# op 13 times by the end of setup, 20 by the end of the warm-up's checks and probes, and 32 by the end
+# of the samples: a plant that changes after 24 calls is honest for the checks and not for the timing
+SHAPE = {"B": 1, "T": 64, "H": 2, "D": 32}
+DIFF_TOL = 0.005          # BenchConfig.diff_tol's default
+SAMPLES = 12
+# a shape no bench cell uses, off the chunk and power-of-two grid (what bench/unseen.py draws)
+UNSEEN = {"B": 1, "T": 33, "H": 1, "D": 24}
+
+
+def after(path: str, anchor: str, text: str) -> tuple:
+    return (path, "after", anchor, text)
+
+
+def replace(path: str, old: str, new: str) -> tuple:
+    return (path, "replace", old, new)
+
+
+def append(path: str, text: str) -> tuple:
+    return (path, "append", None, text)
+
+
+def new_file(path: str, text: str | bytes) -> tuple:
+    return (path, "new", None, text)
+
+
+def apply(root: Path, edits: list[tuple]) -> dict[Path, bytes | None]:
+    """Write `edits` into the tree at `root`; return what each touched file held before (None: absent)."""
+    saved: dict[Path, bytes | None] = {}
+    for rel, how, anchor, text in edits:
+        p = root / rel
+        if p not in saved:
+            saved[p] = p.read_bytes() if p.exists() else None
+        if how == "new":
+            p.parent.mkdir(parents=True, exist_ok=True)
+            (p.write_bytes if isinstance(text, bytes) else p.write_text)(text)
+            continue
+        old = p.read_text()
+        if how == "append":
+            p.write_text(old + text)
+            continue
+        assert anchor in old, f"anchor {anchor!r} not in {rel}"
+        i = old.index(anchor)
+        p.write_text(old[:i] + text + old[i + len(anchor):] if how == "replace"
+                     else old[:i + len(anchor)] + text + old[i + len(anchor):])
+    return saved
+
+
+def restore(saved: dict[Path, bytes | None]) -> None:
+    for p, blob in saved.items():
+        if blob is None:
+            p.unlink(missing_ok=True)
+        else:
+            p.write_bytes(blob)
+
+
+# -- the static audit ---------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_shared: dict[str, object] = {}
+
+
+def _scratch() -> Path:
+    import tempfile
+
+    if "scratch" not in _shared:
+        root = Path(tempfile.mkdtemp(prefix="flaloop-redteam-"))
+        atexit.register(shutil.rmtree, root, True)
+        _shared["scratch"] = root
+    return _shared["scratch"]
+
+
+def static_repo() -> Path:
+    """minifla as a git repo with a contract (`flaloop init`; no gate: the audit needs none), made
+    once per test process."""
+    with _lock:
+        if "static" not in _shared:
+            repo = make_repo(_scratch() / "static" / "minifla")
+            r = flaloop(repo, "init", OP, "--shapes", "B1_T64_H2_D32")
+            assert r.code == 0, r.stderr
+            _shared["static"] = repo
+        return _shared["static"]
+
+
+def audit_findings(edits: list[tuple]) -> list:
+    """The static audit's findings on minifla with `edits` in the working tree."""
+    from flaloop.contract import Contract
+    from flaloop.guard.audit import audit
+    from flaloop.target import Target
+
+    repo = static_repo()
+    with _lock:
+        saved = apply(repo, edits)
+        try:
+            target = Target.discover(repo)
+            return audit(target, Contract.load(target, OP)).findings
+        finally:
+            restore(saved)
+
+
+def static_blocks(edits: list[tuple]) -> set[str]:
+    """The rule ids of the audit's blocking findings."""
+    return {f.rule for f in audit_findings(edits) if f.blocking}
+
+
+# -- the bench's dynamic layer ------------------------------------------------------------------------
+
+def _cell(cid: str, shape: dict, **kw) -> dict:
+    return {"id": cid, "shape": dict(shape), "mode": "fwd", "dtype": "float32", "seed": 1, "inputs": {},
+            "seqlens": None, "k": None, "timer": "auto", "sample_ms": 0.2, **kw}
+
+
+@dataclass
+class Probed:
+    """What the bench's dynamic layer found on one planted candidate."""
+    findings: list = field(default_factory=list)
+    diff: dict | None = None         # the differential check's reply
+    selfcheck: dict | None = None
+    unseen: dict | None = None       # the base's comparison of the candidate's unseen-shape dump
+    times_ms: list = field(default_factory=list)  # the candidate's timed samples, per call
+    error: str | None = None         # a worker that failed a request (a crash, a refusal)
+
+    @property
+    def blocking(self) -> set[str]:
+        return {f.rule for f in self.findings if f.blocking}
+
+    def show(self) -> str:
+        lines = [f"{f.severity} {f.rule}: {f.message}" for f in self.findings]
+        return "\n".join(lines + ([f"error: {self.error}"] if self.error else [])) or "(no finding)"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A target the dynamic layer runs on: a source tree copied per candidate (its `.git` left out),
+    its op, the device and the cell's shape. minifla on the CPU by default; `fla_subject()` on a GPU."""
+    root: Path = MINIFLA
+    op: str = OP
+    device: str = "cpu"
+    shape: tuple = tuple(SHAPE.items())
+
+
+MINI = Subject()
+FLA_ROOT = Path(__file__).resolve().parents[2] / ".fla"
+
+
+def fla_subject(op: str = "chunk_delta_rule") -> Subject:
+    """Real FLA at the repo's `.fla/` on the GPU, at a shape of FLA's own registry."""
+    return Subject(FLA_ROOT, op, "cuda", (("B", 4), ("T", 1024), ("H", 8), ("D", 64)))
+
+
+def _tree(name: str, edits: list[tuple], subject: Subject = MINI) -> Path:
+    root = _scratch() / "trees" / f"{subject.op}-{subject.device}" / name
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(subject.root, root, symlinks=True,
+                    ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache"))
+    apply(root, edits)
+    return root
+
+
+def _base(subject: Subject = MINI):
+    """The base's worker and its reports, once per test process and subject."""
+    from test_worker import Driver
+
+    key = ("base", subject)
+    with _lock:
+        if key not in _shared:
+            w = Driver(_tree("base", [], subject), subject.op, "base", device=subject.device, forked=True)
+            atexit.register(w.close)
+            hello = w.ok("hello")
+            w.ok("setup", cell=_cell("c", dict(subject.shape)))
+            probes = w.ok("probe", cell="c")["probes"]
+            dumps = _scratch() / "dumps" / f"{subject.op}-{subject.device}"
+            w.ok("dump", cell="c", path=str(dumps / "base.pt"))
+            w.ok("dump", cell="c", mutated=True, path=str(dumps / "base-mutated.pt"))
+            _shared[key] = (w, hello, probes, dumps)
+        return _shared[key]
+
+
+def base_times_ms(subject: Subject = MINI) -> list[float]:
+    """The base's timed samples of the cell, per call (taken once per process and subject)."""
+    key = ("base-times", subject)
+    w = _base(subject)[0]
+    with _lock:
+        if key not in _shared:
+            _shared[key] = list(w.ok("sample", cell="c", n=SAMPLES).get("times_ms") or [])
+        return _shared[key]
+
+
+def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = SAMPLES,
+           subject: Subject = MINI) -> Probed:
+    """Run the bench's dynamic checks of one cell of `subject` with `edits` planted (see the module)."""
+    from test_worker import Driver
+
+    from flaloop.guard import dynamic
+
+    base, base_hello, base_probes, dumps = _base(subject)
+    w = Driver(_tree(name, edits, subject), subject.op, "cand", device=subject.device, forked=True)
+    out = Probed()
+    seen: list[str] = []  # the timing-integrity violations: they ride on every reply (sticky)
+    try:
+        def ask(cmd: str, **kw) -> dict | None:
+            r = w.req(cmd, **kw)
+            seen.extend(v for v in r.get("integrity") or [] if v not in seen)
+            if not r.get("ok"):
+                out.error = f"{cmd}: {r.get('error')}"
+                return None
+            return r
+
+        if ask("hello") is None or seen or ask("setup", cell=_cell("c", dict(subject.shape), reference=True)) is None:
+            return out
+        out.diff = ask("compare", cell="c", ref=str(dumps / "base.pt"), tol=DIFF_TOL)
+        if out.diff is None:
+            return out
+        if not out.diff.get("match"):
+            out.findings.append(dynamic.finding("differs-from-base", f"{out.diff.get('tensors')}", "c"))
+            return out
+        cand = ask("probe", cell="c")
+        mutated = ask("compare", cell="c", mutated=True, ref=str(dumps / "base-mutated.pt"), tol=DIFF_TOL)
+        if cand is None or mutated is None:
+            return out
+        out.findings += dynamic.cell_findings("c", base_probes, cand["probes"], mutated, DIFF_TOL)
+        if out.blocking:
+            return out
+        timed = ask("sample", cell="c", n=samples) if samples else None
+        if timed is not None:
+            out.times_ms = list(timed.get("times_ms") or [])
+            out.selfcheck = ask("selfcheck", cell="c", tol=DIFF_TOL)
+            changed = [n for n, c in ((out.selfcheck or {}).get("checks") or {}).items() if c.get("match") is False]
+            if changed:
+                out.findings.append(dynamic.self_check_finding("c", 1, changed, out.selfcheck["checks"]))
+        if unseen and not out.blocking:
+            out.unseen = _unseen(base, ask, name, dumps)
+            if out.unseen is not None and not out.unseen.get("match"):
+                out.findings.append(dynamic.finding("unseen-shape-differs", f"{UNSEEN}: {out.unseen.get('tensors')}"))
+        return out
+    finally:
+        out.findings += dynamic.integrity(base_hello.get("integrity") or [], seen)
+        w.close()
+
+
+def _unseen(base, ask, name: str, dumps: Path) -> dict | None:
+    """The warm-up's unseen-shape check (warmup.check_unseen): both sides set the shape up with
+    inputs only, dump one call each, and the base compares the candidate's dump with its own."""
+    with _lock:
+        if ("unseen", dumps) not in _shared:  # the dumps' directory is the subject's
+            base.ok("setup", cell=_cell("u", UNSEEN, check_only=True, timer="eager"))
+            base.ok("dump", cell="u", path=str(dumps / "base-unseen.pt"))
+            _shared["unseen", dumps] = True
+    if ask("setup", cell=_cell("u", UNSEEN, check_only=True, timer="eager")) is None:
+        return None
+    if ask("dump", cell="u", path=str(dumps / f"{name}-unseen.pt")) is None:
+        return None
+    with _lock:
+        return base.ok("compare", cell="u", ref=str(dumps / "base-unseen.pt"), subject=str(dumps / f"{name}-unseen.pt"),
+                       tol=DIFF_TOL)
+
+
+# -- assertions the class modules share ---------------------------------------------------------------
+
+def assert_static(edits: list[tuple], rule: str) -> None:
+    """The static audit blocks `edits` by `rule`."""
+    found = audit_findings(edits)
+    assert rule in {f.rule for f in found if f.blocking}, [f"{f.severity} {f.rule} {f.where}" for f in found]
+
+
+def assert_static_misses(edits: list[tuple]) -> None:
+    """No static rule blocks `edits`: the disguise is one the audit does not read, and a later layer
+    must stop it."""
+    found = [f for f in audit_findings(edits) if f.blocking]
+    assert not found, [f"{f.rule} {f.where}: {f.message}" for f in found]
+
+
+def assert_probed(name: str, edits: list[tuple], rule: str, unseen: bool = False,
+                  subject: Subject = MINI) -> Probed:
+    """The bench's dynamic layer blocks the planted candidate by `rule`."""
+    r = probed(name, edits, unseen=unseen, subject=subject)
+    assert rule in r.blocking, r.show()
+    return r
+
+
+def assert_honest(name: str, edits: list[tuple], unseen: bool = False) -> None:
+    """An honest change: no blocking static finding, and the dynamic layer passes it."""
+    assert_static_misses(edits)
+    r = probed(name, edits, unseen=unseen)
+    assert r.error is None and not r.blocking, r.show()
+    assert r.diff and r.diff.get("match") and r.selfcheck and r.selfcheck.get("match"), r.show()
