@@ -91,6 +91,7 @@ def _judge_timing(r: CellResult) -> None:
     """The guard's paired timing cross-checks (guard/timing.py) over the cell's kept pairs."""
     contended = any(p.foreign for p in r.kept)
     for f in (timing.timer_wall_gap(r.cell.id, r.pairs, r.k, r.timer),
+              timing.timer_host_gap(r.cell.id, r.pairs),
               timing.eager_disagrees(r.cell.id, r.estimate.speedup if r.estimate else None, r.eager, contended)):
         if f is not None:
             r.findings.append(f)

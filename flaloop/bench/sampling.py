@@ -203,7 +203,7 @@ def pair(s: Session, res: CellResult, lead: str, placement: int, keep: int | Non
     """One pair on a placement, `lead` sampling first; with `keep`, both sides keep the results of
     that call of their sample (bench/timed.py). None when a side failed (the cell is failed)."""
     before = s.clock()
-    t, wall = {}, {}
+    t, wall, rtt, told = {}, {}, {}, {}
     extra = {} if keep is None else {"keep": keep}
     for side in (lead, "cand" if lead == "base" else "base"):
         r = s.ask(side, "sample", s.cfg.sample_timeout, cell=res.cell.id, n=1, placement=placement, **extra)
@@ -212,6 +212,7 @@ def pair(s: Session, res: CellResult, lead: str, placement: int, keep: int | Non
             return s.fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
         t[side] = times[0]
         wall[side] = (r.get("wall_ms") or [None])[0]
+        rtt[side], told[side] = host_timed(s, side, r)
         if keep is not None:  # the kept copy's cost (bench/timed.py) is the check's
             s.out.timed_calls["seconds"] = round(s.out.timed_calls.get("seconds", 0.0) + (r.get("keep_s") or 0.0), 4)
     after = s.clock()
@@ -222,7 +223,23 @@ def pair(s: Session, res: CellResult, lead: str, placement: int, keep: int | Non
         dropped = "another process on the GPU: pid " + ", ".join(map(str, foreign))
     return Pair("AB" if lead == "base" else "BA", t["base"], t["cand"], before and before.to_dict(),
                 after and after.to_dict(), dropped, round=s.round,
-                base_wall_ms=wall["base"], cand_wall_ms=wall["cand"], placement=placement, foreign=foreign)
+                base_wall_ms=wall["base"], cand_wall_ms=wall["cand"], placement=placement, foreign=foreign,
+                base_rtt_ms=rtt["base"], cand_rtt_ms=rtt["cand"], base_reported_ms=told["base"],
+                cand_reported_ms=told["cand"])
+
+
+def host_timed(s: Session, side: str, reply: dict) -> tuple[float | None, float | None]:
+    """(round trip ms, reported ms) of one side's one-sample reply: the request's round trip on the
+    orchestrator's clock (`WorkerClient.round_trip_s`), and what the worker says its work in it took
+    (per-call ms times k). A timer forged inside the worker, however low,
+    shrinks the second and not the first (guard/timing.timer_host_gap)."""
+    rt = getattr(s.workers.get(side), "round_trip_s", None)
+    k, times = reply.get("k"), reply.get("times_ms") or []
+    # a sample that kept a call also copied it, timed by the worker's clock: left out rather than
+    # trusting that clock for the copy
+    if rt is None or not k or len(times) != 1 or times[0] is None or "keep_s" in reply:
+        return None, None
+    return round(rt * 1e3, 4), round(float(times[0]) * int(k), 4)
 
 
 def drop_reason(cfg: BenchConfig, before: ClockReading | None, after: ClockReading | None) -> str | None:

@@ -42,6 +42,11 @@ class WorkerClient:
         threading.Thread(target=self._pump, daemon=True).start()
         self.dead = False
         self.hello: dict = {}
+        # the round trip of the last request answered, on this process's monotonic clock: from the
+        # request written to its reply read off the pipe (guard/timing.timer_host_gap holds a sample's
+        # reported time against it; the worker cannot reach this clock)
+        self._sent_at: float | None = None
+        self.round_trip_s: float | None = None
 
     @property
     def pid(self) -> int:
@@ -50,10 +55,11 @@ class WorkerClient:
     def _pump(self) -> None:
         try:
             for line in self.proc.stdout:
-                self._replies.put(line)
+                # stamped as it is read, so the main thread's own delays stay out of the round trip
+                self._replies.put((time.monotonic(), line))
         except (OSError, ValueError):
             pass
-        self._replies.put(None)
+        self._replies.put((time.monotonic(), None))
 
     def stderr_tail(self) -> str:
         if self.proc.poll() is not None:
@@ -69,7 +75,9 @@ class WorkerClient:
         if self.dead:
             raise WorkerFailed(self.side, "is gone", self.stderr_tail())
         try:
-            self.proc.stdin.write(json.dumps({"cmd": cmd, **payload}) + "\n")
+            line = json.dumps({"cmd": cmd, **payload}) + "\n"
+            self._sent_at, self.round_trip_s = time.monotonic(), None
+            self.proc.stdin.write(line)
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             self._die()
@@ -80,7 +88,7 @@ class WorkerClient:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                line = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+                at, line = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 self._die()
                 raise WorkerFailed(self.side, f"hung: no answer to `{cmd}` within {timeout:.0f}s",
@@ -90,9 +98,12 @@ class WorkerClient:
                 code = self.proc.wait(10.0)
                 raise WorkerFailed(self.side, f"crashed during `{cmd}` (exit {_describe(code)})", self.stderr_tail())
             try:
-                return json.loads(line)
+                reply = json.loads(line)
             except json.JSONDecodeError:
                 continue  # not ours: the protocol fd is private, but be forgiving
+            if self._sent_at is not None:
+                self.round_trip_s = at - self._sent_at
+            return reply
 
     def _die(self) -> None:
         self.dead = True

@@ -144,6 +144,11 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "for a CUDA-graph sample the wall time is the device time plus a small constant on both sides; "
          "a larger gap on the candidate means its timer reads less than what elapsed.",
          "remove whatever alters CUDA event timing in the candidate's process"),
+    Rule("timer-host-gap", BLOCK, "the reported sample time falls short of the round trip flaloop timed",
+         "flaloop times each sample request with its own clock in another process; an honest worker "
+         "reports less than that round trip by an overhead the base shows too, so a larger gap on the "
+         "candidate is time its timer did not count, however the timer was forged (below Python too).",
+         "remove whatever alters the clock or the CUDA event timing in the candidate's process"),
     Rule("eager-disagrees", BLOCK, "a device-time speedup the eager wall time does not show",
          "on a cell that is not launch-bound, eager wall time tracks device time; a win only the "
          "events see is a timer trick or work moved out of the timed calls.",

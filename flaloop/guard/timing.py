@@ -165,6 +165,52 @@ def timer_wall_gap(cell: str, pairs: list, k: int | None, timer: str | None) -> 
     return None
 
 
+HOST_SHARE = 0.01     # timer-host-gap: an unexplained gap under this share of the sample is no finding
+HOST_SLACK_MS = 0.2   # ... nor one under this (a round trip's pipe, JSON and scheduling jitter)
+
+
+def host_gap_shift(pairs: list) -> tuple[Shift, list, str, bool] | None:
+    """The paired excess of the candidate's unexplained round-trip gap over the base's (None below
+    `MIN_PAIRS` pairs with both sides' readings): the Shift in ms per sample, the pairs judged, what
+    they are in words, and whether they were contended. A side's gap is the sample request's round
+    trip on the orchestrator's clock minus the time its worker reported for the sample."""
+    rows = [p for p in pairs if p.dropped is None and p.base_rtt_ms and p.cand_rtt_ms
+            and p.base_reported_ms and p.cand_reported_ms]
+    if len(rows) < MIN_PAIRS:
+        return None
+    judged, where, contended = _judged(rows)
+    sample = statistics.median(p.base_reported_ms for p in judged)
+    gap = Shift([(p.cand_rtt_ms - p.cand_reported_ms) - (p.base_rtt_ms - p.base_reported_ms) for p in judged],
+                [p.base_rtt_ms - p.base_reported_ms for p in judged], [p.round for p in judged],
+                min_effect=HOST_SHARE * sample + HOST_SLACK_MS,
+                decisive_effect=CONTENDED_SHARE * sample if contended else None)
+    return gap, judged, where, contended
+
+
+def timer_host_gap(cell: str, pairs: list) -> Finding | None:
+    """Each side's reported sample time against the round trip the orchestrator timed with its own
+    clock, which no code in a worker reaches; every timer (graph, eager, CPU) and every way of
+    forging it (a Python wrapper, a builtin's C function pointer, a hooked CUDA runtime).
+
+    An honest worker's report is below its round trip by an overhead (the pipe, the JSON, the
+    integrity watch, the final sync) that the base's identical path shows too. A timer that reads
+    short leaves the time it hid in the candidate's gap, in every pair. Per pair: (candidate's round
+    trip - report) - (base's round trip - report), per sample; judged as every timing check is
+    (module docstring), with a minimum effect of `HOST_SHARE` of the base's sample plus
+    `HOST_SLACK_MS`, and beside another process (or unlisted) `CONTENDED_SHARE` of the sample."""
+    got = host_gap_shift(pairs)
+    if got is None:
+        return None
+    gap, _, where, contended = got
+    what = gap.describe(1e3, "the candidate's reported sample time falls short of the round trip flaloop timed by "
+                             "more than the base's:")
+    if gap.decisive:
+        return _finding("timer-host-gap", what + (f" (judged on {where})" if where else ""), cell)
+    if gap.material:
+        return _unsure(cell, "timer-host-gap", what, contended, where)
+    return None
+
+
 def eager_disagrees(cell: str, speedup: float | None, eager: dict, contended: bool = False) -> Finding | None:
     """A device-time win the eager wall time does not show, on a cell that is not launch-bound.
 

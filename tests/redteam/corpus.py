@@ -25,6 +25,7 @@ module pairs its cheats with honest changes that must pass.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -281,6 +282,62 @@ def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = S
         return out
     finally:
         out.findings += dynamic.integrity(base_hello.get("integrity") or [], seen)
+        w.close()
+
+
+HOST_PAIRS = 12       # pairs of the round-trip check (guard/timing.timer_host_gap): ABBA blocks
+HOST_SAMPLE_MS = 20.0  # its cell's sample: long enough that a hidden share of it stands out of the pipe's jitter
+
+
+@dataclass
+class HostTimed:
+    """The round-trip check's pairs on one planted candidate, what it found, and what the integrity
+    watch saw meanwhile (kept apart, so that a test can show the check stands without it)."""
+    pairs: list = field(default_factory=list)
+    finding: object = None
+    integrity: list = field(default_factory=list)
+
+
+def host_timed(name: str, edits: list[tuple], pairs: int = HOST_PAIRS, subject: Subject = MINI) -> HostTimed:
+    """Paired samples as `bench/sampling.pair` takes them: a cell of `HOST_SAMPLE_MS` set up on both
+    sides with the base's k, then `pairs` pairs in ABBA order, each side's `sample` request timed
+    around its round trip on this process's monotonic clock (the orchestrator's, out of the
+    candidate's reach), judged by `guard.timing.timer_host_gap`. The integrity watch's violations
+    are returned, not judged."""
+    import time
+
+    from test_worker import Driver
+
+    from flaloop.bench.model import Pair
+    from flaloop.guard import timing
+
+    base = _base(subject)[0]
+    cell = _cell("h", dict(subject.shape), sample_ms=HOST_SAMPLE_MS)
+    with _lock:
+        if ("host-k", subject) not in _shared:
+            _shared["host-k", subject] = base.ok("setup", cell=cell)["k"]
+        k = _shared["host-k", subject]
+    w = Driver(_tree(name, edits, subject), subject.op, "cand", device=subject.device, forked=True)
+    out = HostTimed()
+    try:
+        hello = w.ok("hello")
+        out.integrity = list(hello.get("integrity") or [])
+        w.ok("setup", cell={**cell, "k": k})
+        for i in range(pairs):
+            got = {}
+            for side in (("base", "cand") if i % 4 in (0, 3) else ("cand", "base")):
+                drv = base if side == "base" else w
+                t0 = time.monotonic()
+                with _lock if side == "base" else contextlib.nullcontext():
+                    r = drv.ok("sample", cell="h", n=1)
+                got[side] = ((time.monotonic() - t0) * 1e3, r["times_ms"][0], r["k"])
+                out.integrity += [v for v in r.get("integrity") or [] if side == "cand" and v not in out.integrity]
+            (rb, tb, kb), (rc, tc, kc) = got["base"], got["cand"]
+            out.pairs.append(Pair("AB" if i % 4 in (0, 3) else "BA", tb, tc, None, None, round=0, foreign=None,
+                                  base_rtt_ms=rb, cand_rtt_ms=rc, base_reported_ms=tb * kb, cand_reported_ms=tc * kc))
+        out.finding = timing.timer_host_gap("h", out.pairs)
+        return out
+    finally:
         w.close()
 
 

@@ -4,12 +4,15 @@ chunk_delta_rule on an H200: an `fla/__init__.py` returning 0.8x of `elapsed_tim
 before the target's import and watches every callable it relies on."""
 
 import statistics
+import subprocess
+import sys
 
 import pytest
 from corpus import (
     CALL,
     CHUNK,
     END_INIT,
+    HOST_PAIRS,
     INIT,
     TOP,
     after,
@@ -18,6 +21,7 @@ from corpus import (
     assert_static,
     assert_static_misses,
     base_times_ms,
+    host_timed,
     probed,
 )
 
@@ -84,7 +88,44 @@ def test_a_clock_swapped_at_the_c_level_reaches_the_harness_and_passes_the_audit
     assert statistics.median(r.times_ms) < 0.1 * statistics.median(base_times_ms()), (r.times_ms, base_times_ms())
 
 
-@pytest.mark.xfail(strict=True, reason="gap: the watch compares the identity of callables and of Python code "
-                                       "objects; a builtin's C function pointer swapped through ctypes keeps both")
 def test_a_clock_swapped_at_the_c_level_is_blocked():
-    assert "timer-patched" in c_swapped().blocking, c_swapped().show()
+    # the watch sees nothing (identities kept); the round trip flaloop times with its own clock does
+    r = host_timed("clock-swapped-in-c-paired", C_SWAP)
+    assert not r.integrity, r.integrity
+    assert all(p.cand_reported_ms < 0.1 * p.cand_rtt_ms for p in r.pairs), r.pairs
+    assert r.finding is not None and "timer-host-gap" in {r.finding.rule} and r.finding.blocking, r.finding
+
+
+# Python level, from the op's first call: the worker's own bound clock (the global its timers read,
+# in a module loaded under a private name) found by attribute names built at run time and wrapped to
+# run at a tenth of its rate. The integrity watch names the replacement; here its violations are
+# left out of the judgement, to show that the round-trip check blocks on its own.
+BOUND_CLOCK = [after(CHUNK, CALL, f"    _n = '_perf_' + 'counter'\n"
+                                  f"    for _m in list(vars({IMPORT}('s' + 'ys'))['mod' + 'ules'].values()):\n"
+                                  "        _d = getattr(_m, '__di' + 'ct__', None) or {}\n"
+                                  "        _r = _d.get(_n)\n"
+                                  "        if 'cpu_' + 'time_ms' in _d and _r is not None and not getattr(_r, 'slow', 0):\n"
+                                  "            _f = lambda _r=_r: 0.1 * _r()\n"
+                                  "            _f.slow = True\n"
+                                  "            _d[_n] = _f\n")]
+
+
+def test_the_workers_bound_clock_wrapped_from_the_first_call_is_blocked_without_the_watch():
+    assert_static_misses(BOUND_CLOCK)
+    r = host_timed("bound-clock-wrapped", BOUND_CLOCK)
+    assert any("_perf_counter was replaced" in v for v in r.integrity), r.integrity  # the plant took
+    assert r.finding is not None and r.finding.rule == "timer-host-gap" and r.finding.blocking, r.finding
+
+
+def test_an_honest_change_beside_a_cpu_load_is_not_blocked_by_the_round_trip():
+    # an honest worker reports less than its round trip in every pair (the mechanism), and a busy
+    # process on the host moves both sides' gaps alike: no block, at worst an unsure warning
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        r = host_timed("comment-beside-load", [after(CHUNK, TOP, "# the kernels are the base's\n")])
+    finally:
+        busy.kill()
+        busy.wait()
+    assert len(r.pairs) == HOST_PAIRS and not r.integrity
+    assert all(p.base_reported_ms < p.base_rtt_ms and p.cand_reported_ms < p.cand_rtt_ms for p in r.pairs), r.pairs
+    assert r.finding is None or not r.finding.blocking, r.finding
