@@ -286,6 +286,7 @@ def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = S
 
 
 HOST_PAIRS = 12       # pairs of the round-trip check (guard/timing.timer_host_gap): ABBA blocks
+SETTLE = 3           # unpaired samples of the fresh candidate before its pairs (the session's settle pair)
 HOST_SAMPLE_MS = 20.0  # its cell's sample: long enough that a hidden share of it stands out of the pipe's jitter
 
 
@@ -323,6 +324,8 @@ def host_timed(name: str, edits: list[tuple], pairs: int = HOST_PAIRS, subject: 
         hello = w.ok("hello")
         out.integrity = list(hello.get("integrity") or [])
         w.ok("setup", cell={**cell, "k": k})
+        for _ in range(SETTLE):  # a fresh fork's first samples touch its pages: the base's are long touched
+            w.ok("sample", cell="h", n=1)
         for i in range(pairs):
             got = {}
             for side in (("base", "cand") if i % 4 in (0, 3) else ("cand", "base")):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from test_contention import GpuScript, gpu_session
@@ -152,3 +154,115 @@ def test_a_session_beside_another_process_blocks_the_cheat_and_not_the_honest_ca
     assert honest.verdict != "BLOCKED" and not any(f.blocking for f in honest.findings)
     cheat = _run(tmp_path / "cheat", monkeypatch, other_job, cheat=0.2)
     assert cheat.verdict == "BLOCKED" and "timer-wall-gap" in {f.rule for f in cheat.findings if f.blocking}
+
+
+# -- the round trip on the orchestrator's clock (timing.timer_host_gap): every timer, however forged --
+
+def host_pairs(n: int = 24, sample: float = 40.0, overhead: float = 0.5, jitter: float = 0.2, cheat: float = 0.0,
+               tilt: float = 0.0, foreign=OTHER, seed: int = 1, rounds: int = 2) -> list[Pair]:
+    """Pairs with each side's sample request timed around its round trip (ms per sample): the work
+    (stretched alike on both sides by a loaded host), plus an overhead and the host's jitter, now and
+    then a preemption 8 times as long on either side. `cheat`: the share of its work the candidate's
+    timer does not report; `tilt`: ms the candidate's gap happened to be longer by (no cheat)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        work_b = sample * rng.uniform(1.0, 2.5)
+        work_c = work_b * rng.uniform(0.98, 1.02)
+
+        def gap():
+            return overhead + abs(rng.gauss(0, jitter)) * rng.choice((1, 1, 1, 8))
+        out.append(Pair("AB" if i % 2 == 0 else "BA", work_b / 4, work_c * (1 - cheat) / 4, None, None,
+                        round=i * rounds // n, foreign=list(foreign) if foreign is not None else None,
+                        base_rtt_ms=work_b + gap(), cand_rtt_ms=work_c + gap() + tilt,
+                        base_reported_ms=work_b, cand_reported_ms=work_c * (1 - cheat)))
+    return out
+
+
+def test_an_honest_change_on_a_loaded_host_is_never_blocked_by_the_round_trip():
+    for foreign in (OTHER, [], None):
+        for seed in range(20):
+            f = timing.timer_host_gap("c", host_pairs(foreign=foreign, seed=seed, jitter=1.0))
+            assert f is None or not f.blocking, (foreign, seed, f)
+    # the candidate's gap 1.5 ms longer in every contended pair (~2% of its sample, past the minimum
+    # effect, short of the 3% a contended pair decides on): said, never blocked
+    f = timing.timer_host_gap("c", host_pairs(n=40, tilt=1.5, jitter=0.05, seed=3))
+    assert f is not None and f.rule == "contended-unsure" and not f.blocking and "--exclusive" in f.message
+
+
+def test_a_timer_that_hides_part_of_the_sample_blocks_on_the_round_trip_with_or_without_company():
+    for foreign in (OTHER, [], None):
+        f = timing.timer_host_gap("c", host_pairs(cheat=0.1, foreign=foreign, jitter=1.0))
+        assert f is not None and f.rule == "timer-host-gap" and f.blocking, (foreign, f)
+    # on quiet pairs with a steady host, 2% hidden is enough
+    f = timing.timer_host_gap("c", host_pairs(cheat=0.02, foreign=[], jitter=0.05))
+    assert f is not None and f.rule == "timer-host-gap" and f.blocking
+    # pairs without round trips (a record from before the check, a sample that kept a call): no judgement
+    bare = host_pairs(cheat=0.5)
+    for p in bare:
+        p.cand_rtt_ms = None
+    assert timing.timer_host_gap("c", bare) is None
+
+
+def test_the_round_trip_of_a_sample_is_timed_by_the_client_and_a_kept_call_is_left_out():
+    from types import SimpleNamespace
+
+    from flaloop.bench.sampling import host_timed
+    from flaloop.bench.workers import WorkerClient
+
+    class Log:
+        def drain(self):
+            pass
+
+        def tail(self, n):
+            return ""
+
+        def close(self):
+            pass
+    script = ("import sys, time\nfor line in sys.stdin:\n    if 'quit' in line:\n        break\n"
+              "    time.sleep(0.05)\n    print('{\"ok\": true}', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = WorkerClient("cand", Path("."), proc, Log())
+    try:
+        assert w.round_trip_s is None
+        assert w.request("sample", 10.0) == {"ok": True}
+        assert w.round_trip_s >= 0.05  # the worker slept that long before answering
+    finally:
+        w.close()
+    s = SimpleNamespace(workers={"cand": SimpleNamespace(round_trip_s=0.012)})
+    assert host_timed(s, "cand", {"k": 4, "times_ms": [2.5]}) == (12.0, 10.0)
+    assert host_timed(s, "cand", {"k": 4, "times_ms": [2.5], "keep_s": 0.001}) == (None, None)
+    assert host_timed(SimpleNamespace(workers={}), "cand", {"k": 4, "times_ms": [2.5]}) == (None, None)
+
+
+class HostClockScript(GpuScript):
+    """Fake workers with the CPU timer whose sample requests take their work plus 0.3 ms and the
+    host's jitter on the orchestrator's clock; `cheat`: the candidate reports that share less."""
+
+    def __init__(self, cheat: float = 0.0, **kw):
+        super().__init__(**kw)
+        self.cheat = cheat
+
+    def answer(self, worker, cmd, payload):
+        reply = super().answer(worker, cmd, payload)
+        if cmd == "sample":
+            t = reply["times_ms"][0]
+            worker.round_trip_s = (4 * t + 0.3 + abs(self.rng.gauss(0, 0.2))) / 1e3
+            if worker.side == "cand":
+                reply.update(times_ms=[t * (1 - self.cheat)], wall_ms=[t * (1 - self.cheat)])
+            reply["k"] = 4
+        return reply
+
+
+@pytest.mark.parametrize("cheat", [0.0, 0.2])
+def test_a_session_beside_another_process_judges_the_round_trip(tmp_path, monkeypatch, other_job, cheat):
+    s, nvml = gpu_session(tmp_path, monkeypatch, script=HostClockScript(cheat=cheat, noise=0.05))
+    nvml.foreign = lambda n: [other_job]
+    s.run()
+    analyse(s.out.results, margin=0.005)
+    (res,) = s.out.results
+    assert all(p.cand_rtt_ms and p.base_reported_ms for p in res.kept)
+    blocked = {f.rule for f in res.findings if f.blocking}
+    # (the fake's eager calls are not forged: eager-disagrees sees the cheat too)
+    assert ("timer-host-gap" in blocked) == bool(cheat) and (cheat or not blocked), res.findings
+    assert (res.verdict == "BLOCKED") == bool(cheat)
