@@ -32,7 +32,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
             replays after its proof (blocked by timed-call-differs alone), on FLA and (the GPU test) minifla
   l2        `bench --aa --l2 both`: hot and cold cells each within 0.25%, the flush's cost, cold / hot
   timer-load an A/A, a comment-only candidate and a patched-timer cheat alone, beside each other and
-            beside a training loop: no honest bench blocked, the cheat blocked under every load
+            beside a training loop: no honest bench blocked, the cheat blocked under every load; alone,
+            the worker's bound event timer wrapped: blocked by timer-host-gap (the round trip)
   reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py);
             FLALOOP_REACH_TOOLS=racecheck (say) asks one tool's questions only
   plants    `flaloop sanitize` on defects planted in FLA (a read past the end, an uninitialized read,
