@@ -41,6 +41,8 @@ def test_aa_measures_every_cell_in_abba_pairs_and_cleans_up(toy):
         assert cell["diff"]["match"] is True
         assert set(cell["summary"]["base"]) >= {"median", "mean", "std", "min", "p10", "p90", "n"}
         assert cell["verdict"] in {"SAME", "UNSURE", "FASTER", "SLOWER"}
+        # each sample's round trip on flaloop's clock, against which every honest report falls short
+        assert all(0 < p[f"{s}_reported_ms"] < p[f"{s}_rtt_ms"] for p in cell["pairs"] for s in ("base", "cand"))
     assert rec["summary"]["geomean"]["n_cells"] == 2
     # where the run's time went, in order, ending where the session ended
     steps = [what for what, _ in rec["timeline"]]

@@ -358,8 +358,8 @@ class Pair:
     # pids of processes not ours on the GPU right after the pair (None: NVML could not tell)
     foreign: list[int] | None = None
     # each side's sample as the orchestrator's own clock saw it: the request's round trip, and the
-    # time the worker reported for its work in it (per-call ms times k), in ms per sample; a sample
-    # that kept a call has none (guard/timing.timer_host_gap; None: a worker client that keeps no round trip)
+    # time the worker reported for its work in it (per-call ms times k), in ms per sample
+    # (guard/timing.timer_host_gap; None: a worker client that keeps no round trip)
     base_rtt_ms: float | None = None
     cand_rtt_ms: float | None = None
     base_reported_ms: float | None = None

@@ -235,9 +235,9 @@ def host_timed(s: Session, side: str, reply: dict) -> tuple[float | None, float 
     shrinks the second and not the first (guard/timing.timer_host_gap)."""
     rt = getattr(s.workers.get(side), "round_trip_s", None)
     k, times = reply.get("k"), reply.get("times_ms") or []
-    # a sample that kept a call also copied it, timed by the worker's clock: left out rather than
-    # trusting that clock for the copy
-    if rt is None or not k or len(times) != 1 or times[0] is None or "keep_s" in reply:
+    # a sample that kept a call also copied it outside its timed window: both sides copy the same
+    # call's results in the same pair, so the copy sits in both gaps, as the overhead does
+    if rt is None or not k or len(times) != 1 or times[0] is None:
         return None, None
     return round(rt * 1e3, 4), round(float(times[0]) * int(k), 4)
 
