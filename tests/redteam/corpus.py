@@ -12,6 +12,9 @@ Two layers run here on the CPU, each set up once per test process and shared by 
   inputs changed in place (`guard.dynamic.cell_findings`), timed samples then `selfcheck`
   (`self-check`), and with `unseen` the unseen-shape comparison (`unseen-shape-differs`). The
   findings are judged by the same functions the session calls.
+- `host_timed(name, edits)`: paired samples as the session takes them, each side's request timed
+  around its round trip in this process, judged by `timer-host-gap` (guard/timing.py) with the
+  integrity watch's violations kept apart.
 
 On a GPU, `Subject(device="cuda")` runs the same on minifla's compiled kernels and `fla_subject()` on
 real FLA at the repo's `.fla/` (tests marked `gpu`).
