@@ -25,6 +25,7 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   profile   `flaloop profile --ncu` on one cell (both Nsight Compute collections)
   report    `flaloop report` of the loop, copied to OUT/report (docs/examples/ material)
   selftest  the GPU-marked tests (pytest -m gpu)
+  redteam   the red-team corpus's GPU entries (pytest -m gpu tests/redteam)
   sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
   integrity a bench beside another process's load (marked contended; --exclusive refuses), FLA's
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
@@ -95,6 +96,7 @@ from suites_tools import (
     suite_guard,
     suite_loop,
     suite_profile,
+    suite_redteam,
     suite_report,
     suite_selftest,
     suite_smoke,
@@ -106,7 +108,8 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
           "timer-load": suite_timer_load,
           "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "timed": suite_timed,
-          "declared": suite_declared, "model": suite_model}
+          "declared": suite_declared, "model": suite_model,
+          "redteam": suite_redteam}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -151,6 +154,8 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          "h200-timed": [[["machine", "timed"]]],
          # issue 37 on one GPU: honest benches and a timer cheat alone, beside each other, beside training
          "h200-timer-load": [[["machine", "timer-load"]]],
+         # issue 37 on one GPU: no honest block under load, then the red-team corpus's GPU entries
+         "h200-load-redteam": [[["machine", "timer-load", "redteam"]]],
          # issue 24: FLA's Gluon backend of fused_attnres through the loop, then Triton against Gluon
          "h200-gluon": [[["machine", "gluon"]]],
          # issue 24: FLA's TileLang backend of parallel_attn the same way; its wheels staged first
