@@ -28,6 +28,9 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
   integrity a bench beside another process's load (marked contended; --exclusive refuses), FLA's
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
+  replay    the test's own calls recorded by the gate at the base and replayed (a forged gate with a
+            wrong kernel blocked at verify), the op's options nobody calls (an initial state halved
+            blocked by bench), and what both cost an A/A, cold and warm
   l2        `bench --aa --l2 both`: hot and cold cells each within 0.25%, the flush's cost, cold / hot
   reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py);
             FLALOOP_REACH_TOOLS=racecheck (say) asks one tool's questions only
@@ -77,6 +80,7 @@ from suites_measure import (
     suite_slowdown,
     suite_verify,
 )
+from suites_replay import suite_replay
 from suites_survey import suite_survey
 from suites_sweep import suite_sweep
 from suites_tools import (
@@ -93,7 +97,7 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
           "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
-          "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends}
+          "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "replay": suite_replay}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -118,6 +122,8 @@ VERIFY_ONLY = [[["machine", "verify"]]]
 GOALS_PLAN = [[["machine", "gate"]], [["cycle"]], [["verify"]], [["slowdown"]]]
 PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY, "h200-verify-only": VERIFY_ONLY,
          "h200-goals": GOALS_PLAN,
+         # issue 36 on one GPU: the test's own calls recorded at the base and replayed, the options nobody calls
+         "h200-replay": [[["machine", "replay"]]],
          # issue 21 on one GPU: the sweep of three candidates and `iter --from-sweep` (the new code),
          # then the 12-cell A/A and the planted slowdown on the redesigned bench
          "h200-sweep": [[["machine", "sweep"]], [["aa"]]],

@@ -15,6 +15,10 @@ import json
 from pathlib import Path
 
 from conftest import OP, edit, flaloop, with_test_calls
+from rich.console import Console
+
+from flaloop.bench import record as record_mod
+from flaloop.cli.render import print_bench
 
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 QUICK = ["--device", "cpu", "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20",
@@ -88,3 +92,12 @@ def test_an_honest_change_replays_the_tests_calls_and_options_and_passes(prepare
     assert all(c["status"] == "match" for c in opts["combos"])
     timeline = [w for w, _ in rec["timeline"]]
     assert timeline.index("test calls replayed") < timeline.index("round 1: workers ready")
+    # the lines a person reads, from the record as stored
+    console = Console(record=True, width=200)
+    print_bench(record_mod.read(rec["path"]), console)
+    lines = console.export_text().splitlines()
+    assert f"test calls: {tc['checked']} checked, 0 differ, {tc['seconds']:.1f} s ({tc['share']:.0%} of the run)" \
+        in [x.split(";")[0] for x in lines]
+    assert any(x.startswith("unseen options: 4 checked, 0 differ, ") for x in lines)
+    print(json.dumps({"test_calls_s": tc["seconds"], "share": tc["share"], "options_s": opts["seconds"],
+                      "unseen_s": rec["unseen"]["seconds"], "wall_s": rec["wall_s"]}))
