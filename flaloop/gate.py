@@ -556,9 +556,10 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
             base, run = _base_and_candidate(target, contract, k_expr, env, watch, log_path, progress,
                                             baseline_progress, timeout, workers, gpus, cancel, callrec)
             if callrec is not None and run.exit_code == 0:
-                doc = testcalls.collect(callrec, contract.import_path.split(".")[0])
-                if doc is not None:
-                    testcalls.store(ws, doc, base_commit=contract.base_commit, test_file=contract.test_file)
+                # stored even when empty: the bench then says the test made no call it could replay
+                doc = testcalls.collect(callrec, contract.import_path.split(".")[0]) or \
+                    testcalls.merge([], contract.import_path.split(".")[0])
+                testcalls.store(ws, doc, base_commit=contract.base_commit, test_file=contract.test_file)
         finally:
             if callrec is not None:
                 shutil.rmtree(callrec, ignore_errors=True)

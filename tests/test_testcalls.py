@@ -268,6 +268,8 @@ def test_no_recorded_calls_turns_the_replay_off_and_says_how_to_record_them():
     assert p["calls"] == [] and "`flaloop baseline chunk_linear_attn`" in p["off"]
     assert test_calls_plan(BenchConfig(test_calls=0), {"calls": []}, package="m", func_name="f", op="o")["off"] == \
         "--test-calls 0"
+    assert "made no call" in test_calls_plan(BenchConfig(), testcalls.merge([], "m"), package="m", func_name="f",
+                                             op="o")["off"]
     doc = testcalls.merge([{"calls": [{**c, "count": 1} for c in CALLS]}], "minifla")
     p = test_calls_plan(BenchConfig(test_calls=2), doc, package="minifla", func_name="chunk_linear_attn", op="o")
     assert p["off"] is None and len(p["calls"]) == 2 and p["recorded"]["calls"] == 4

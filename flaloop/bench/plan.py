@@ -123,7 +123,9 @@ def test_calls_plan(cfg: BenchConfig, doc: dict | None, *, package: str, func_na
         out["off"] = "a quick A/A: no candidate to check, and compiling them for later is not quick"
     elif doc is None:
         out["off"] = (f"no test calls recorded at the base: they are recorded when the gate runs on a clean checkout "
-                      f"of the base (`flaloop baseline {op}`, or `flaloop gate {op}` there)")
+                      f"of the base (`flaloop baseline {op}`, or `flaloop gate {op} --regate` there)")
+    elif not doc["calls"]:
+        out["off"] = "the test made no call into the op's package that returns a tensor (at the base)"
     if out["off"]:
         return out
     out["recorded"] = {"base_commit": doc.get("base_commit"), "calls": len(doc["calls"]),
