@@ -78,6 +78,8 @@ def _record(fn, args, kwargs) -> str | None:
 def _wrap(fn):
     @functools.wraps(fn)
     def recorded(*args, **kwargs):
+        if _compiling():  # inside torch.compile's trace: nothing it cannot trace (fullgraph=True fails on it)
+            return fn(*args, **kwargs)
         depth = getattr(_state, "depth", 0)
         # the package calling itself is no test call: from inside an outer call (depth), or from
         # code autograd runs later (a backward the package defines calls its own kernels' launcher)
@@ -118,7 +120,20 @@ def _patch_module(mod) -> None:
             continue
 
 
+def _compiling() -> bool:
+    torch = sys.modules.get("torch")
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+_seen_modules = [0]
+
+
 def _patch(test_modules) -> None:
+    if len(sys.modules) == _seen_modules[0]:  # no module imported since the last pass
+        return
+    _seen_modules[0] = len(sys.modules)
     for name, mod in list(sys.modules.items()):
         if _in_package(name) and mod is not None:
             _patch_module(mod)
