@@ -273,3 +273,32 @@ def test_no_recorded_calls_turns_the_replay_off_and_says_how_to_record_them():
     doc = testcalls.merge([{"calls": [{**c, "count": 1} for c in CALLS]}], "minifla")
     p = test_calls_plan(BenchConfig(test_calls=2), doc, package="minifla", func_name="chunk_linear_attn", op="o")
     assert p["off"] is None and len(p["calls"]) == 2 and p["recorded"]["calls"] == 4
+
+
+def test_each_option_combination_runs_on_its_shape_or_is_skipped_and_a_difference_names_it(tmp_path):
+    shapes = [{"name": "B1-T9-H2-D24-seqlens4+5", "shape": {"B": 1, "T": 9, "H": 2, "D": 24}, "seqlens": [4, 5]},
+              {"name": "B1-T1-H2-D16", "shape": {"B": 1, "T": 1, "H": 2, "D": 16}, "seqlens": None}]
+    # the tests pass a state on plain calls only and the docstring gives no shape: none for a packed call
+    params = [dict(p, doc=None) if p["name"] == "initial_state" else p for p in PARAMS]
+    plain = [c for c in CALLS if "cu_seqlens" not in c["kwargs"]]
+    plan = options.plan(BenchConfig(unseen_options=3), params, ENTRY, {"calls": plain}, shapes, package="minifla",
+                        func_name="chunk_linear_attn")
+    ok = {"ok": True}
+    s = FakeSession(tmp_path, [ok, ok, _compare(False, rel=0.3)], None)
+    s.unseen = {"options": plan, "seed": 0, "aa": False, "modes": ["fwd", "fwdbwd"], "dtype": "bfloat16"}
+    s.out.unseen = {"off": None, "seconds": 1.0}
+    replay.check_options(s)
+    out = s.out.unseen["options"]
+    assert [c["shape"] for c in out["combos"]] == ["B1-T9-H2-D24-seqlens4+5", "B1-T1-H2-D16", "B1-T9-H2-D24-seqlens4+5"]
+    assert [c["status"] for c in out["combos"]] == ["skipped", "differs", "skipped"]
+    assert out["combos"][0]["why"].startswith("no shape for initial_state on a packed call")
+    assert (out["checked"], out["differ"], out["skipped"]) == (1, 1, 2)
+    (f,) = s.found
+    assert f.rule == "unseen-option-differs" and f.blocking and "scale=0.25" in f.message
+    assert "on B1-T1-H2-D16" in f.message
+    cmd, payloads = s.asked[0]
+    assert cmd == "replay" and payloads["base"]["cell"]["shape"] == {"B": 1, "T": 1, "H": 2, "D": 16}
+    assert payloads["base"]["options"] == {"scale": {"value": 0.25}, "initial_state": {"value": None},
+                                           "output_final_state": {"value": False}, "mode": {"value": "chunk"}}
+    assert payloads["base"]["backward"] and payloads["base"]["seed"] == payloads["cand"]["seed"]
+    assert s.out.unseen["seconds"] >= 1.0  # the options' seconds count in the unseen shapes'
