@@ -31,6 +31,9 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
   timed     the timed-call check's cost (share of a warm A/A) and a plant wrong only on the graph's
             replays after its proof (blocked by timed-call-differs alone), on FLA and (the GPU test) minifla
+  replay    the test's own calls recorded by the gate at the base and replayed (a forged gate with a
+            wrong kernel blocked at verify), the op's options nobody calls (an initial state halved
+            blocked by bench), and what both cost an A/A, cold and warm
   l2        `bench --aa --l2 both`: hot and cold cells each within 0.25%, the flush's cost, cold / hot
   timer-load an A/A, a comment-only candidate and a patched-timer cheat alone, beside each other and
             beside a training loop: no honest bench blocked, the cheat blocked under every load
@@ -88,6 +91,7 @@ from suites_measure import (
     suite_verify,
 )
 from suites_model import suite_model
+from suites_replay import suite_replay
 from suites_survey import suite_survey
 from suites_sweep import suite_sweep
 from suites_timed import suite_timed
@@ -109,7 +113,7 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "timer-load": suite_timer_load,
           "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "timed": suite_timed,
           "declared": suite_declared, "model": suite_model,
-          "redteam": suite_redteam}
+          "redteam": suite_redteam, "replay": suite_replay}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -134,6 +138,8 @@ VERIFY_ONLY = [[["machine", "verify"]]]
 GOALS_PLAN = [[["machine", "gate"]], [["cycle"]], [["verify"]], [["slowdown"]]]
 PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY, "h200-verify-only": VERIFY_ONLY,
          "h200-goals": GOALS_PLAN,
+         # issue 36 on one GPU: the test's own calls recorded at the base and replayed, the options nobody calls
+         "h200-replay": [[["machine", "replay"]]],
          # issue 21 on one GPU: the sweep of three candidates and `iter --from-sweep` (the new code),
          # then the 12-cell A/A and the planted slowdown on the redesigned bench
          "h200-sweep": [[["machine", "sweep"]], [["aa"]]],

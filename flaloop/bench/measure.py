@@ -68,7 +68,7 @@ def measure(plan: MeasurePlan, *, repo: Path, run_dir: Path, triton_cache: Path,
             session = Session(op=plan.op, cells=plan.cells, config=plan.config,
                               trees={"base": base_tree, "cand": cand_tree}, launcher=launcher, run_dir=run_dir,
                               triton_cache=triton_cache, allowed=plan.allowed, on_event=on_event, cancel=cancel,
-                              t0=t0, unseen=plan.unseen)
+                              t0=t0, unseen=plan.unseen, test_calls=plan.test_calls)
             session.mark("base worktree")  # (and the candidate's)
             m = session.run()
         except BaseException as exc:

@@ -120,6 +120,9 @@ def _events(bar, rows: dict[str, SweepRow]):
         elif kind == "unseen":
             bar.update(t, description=f"{name}: unseen shapes", completed=info["index"], total=info["total"],
                        last=info["cell"])
+        elif kind in ("unseen-options", "test-calls"):
+            bar.update(t, description=f"{name}: {'options' if kind == 'unseen-options' else 'test calls'}",
+                       completed=info["index"], total=info["total"], last=info["cell"])
         elif kind == "round":
             bar.update(t, description=f"{name}: round {info['round']}/{info['rounds']}", completed=0, total=None)
         elif kind == "pair":
