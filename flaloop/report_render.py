@@ -262,7 +262,10 @@ def _reproduce(doc: dict) -> list[str]:
     out.append(f"- Base: `{m['base_commit']}`" + (f" (`{m['base_ref']}`)" if m["base_ref"] not in (None, m["base_commit"]) else ""))
     dirty = f" + uncommitted diff `{cand['diff_hash']}`" if cand.get("dirty") else ""
     out.append(f"- Candidate: `{cand.get('head')}`{dirty}; claim commit `{m['claim_commit']}`")
-    out.append(f"- Run record: `{_rel(doc, doc['records']['claim'])}`")
+    out.append(f"- Run record: `{_rel(doc, doc['records']['claim'])}`"
+               + (f" (newer interrupted or partial records not used: "
+                  f"{', '.join(f'`{_rel(doc, p)}`' for p in doc['records']['skipped'])})"
+                  if doc["records"].get("skipped") else ""))
     if doc["commands"].get("bench"):
         out.append(f"- The measurement was taken by `{doc['commands']['bench']}`")
     return out

@@ -43,6 +43,11 @@ try:  # typer vendors click from 0.2x on; before, it used click itself
 except ImportError:  # pragma: no cover - older typer
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # noqa: F401
 
+# The commands in the order a loop runs them: `--help` lists them so, and the MCP server's tools too.
+COMMAND_ORDER = ("list", "init", "gate", "audit", "baseline", "iter", "status", "log", "header", "trap", "reassess",
+                 "dispatch", "stop", "report", "bench", "verify", "compare", "sweep", "profile", "explain", "sanitize",
+                 "clean", "skill", "mcp", "demo")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_show_locals=False, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Make GPU kernels faster without breaking or gaming correctness.")
