@@ -385,6 +385,29 @@ def test_a_loop_claim_stands_on_its_own_records_not_on_a_later_bench_of_another_
     assert build(repo)["records"]["claim"] == str(ws(repo) / own)
 
 
+def test_without_a_loop_the_report_stands_on_the_newest_complete_record_and_names_it(toy_measured):
+    """A newer interrupted bench (no cell measured) or a partial one never replaces a complete record."""
+    repo, _ = toy_measured
+    complete = the_record(repo)
+    rec = json.loads(complete.read_text())
+    unmeasured = [{**c, "status": "failed", "estimate": None, "verdict": None} for c in rec["cells"]]
+    interrupted = _copy_record(repo, rec, "29991231T000000Z", interrupted=True, cells=unmeasured,
+                               summary={**rec["summary"], "geomean": None, "n_measured": 0})
+    doc = build(repo)
+    assert doc["records"]["claim"] == str(complete) and doc["records"]["claim_complete"] == "complete"
+    assert doc["records"]["skipped"] == [str(ws(repo) / interrupted)]
+    assert doc["conclusion"]["text"] != "no-go: no cell could be measured"
+    assert "not used: `" in render(doc, {})
+    # a partial record (one cell measured of two) is passed over too; alone, an interrupted one stands
+    partial = _copy_record(repo, rec, "29991231T000001Z", cells=[rec["cells"][0], unmeasured[1]])
+    assert build(repo)["records"]["claim"] == str(complete)
+    complete.unlink()
+    doc = build(repo)
+    assert doc["records"]["claim"] == str(ws(repo) / partial) and doc["records"]["claim_complete"] == "partial"
+    r = flaloop(repo, "report", OP, "--no-plots")
+    assert f"stands on: {ws(repo) / partial} (partial)\n" in r.stdout  # the interrupted one is older: not named
+
+
 def test_no_record_or_no_contract_is_a_usage_error(toy_measured):
     repo, _ = toy_measured
     shutil.rmtree(ws(repo) / "runs")
