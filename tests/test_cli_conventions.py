@@ -178,3 +178,44 @@ def test_the_wheel_carries_the_example_and_the_skill(tmp_path):
                            text=True, env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()) == site / "flaloop" / "_example" / "minifla"
+
+
+def _help(name: str | None = None) -> str:
+    """A command's --help as the CLI prints it (the polished command tree `cli.main` builds), in-process."""
+    from flaloop.cli.help import polish
+
+    root = get_command(app)
+    polish(root)
+    ctx = root.context_class(root, info_name="flaloop", terminal_width=100)
+    if name is None:
+        return root.get_help(ctx)
+    cmd = root.commands[name]
+    return cmd.get_help(cmd.context_class(cmd, info_name=name, parent=ctx, terminal_width=100))
+
+
+def test_help_reads_like_git_and_pytest():
+    import re
+
+    root = _help()
+    heads = [root.index(h) for h in ("Set up:", "The loop:", "Measure and look closer:", "Housekeeping and agents:")]
+    assert heads == sorted(heads)
+    listed = re.findall(r"^  (\w+) ", root.split("Set up:")[1], re.M)
+    assert listed[:6] == ["list", "init", "gate", "audit", "baseline", "iter"] and listed[-1] == "demo"
+    for name in get_command(app).commands:
+        text = _help(name)
+        assert "Examples:\n" in text and f"flaloop {name}" in text.split("Examples:")[1], name
+        # metavars in capitals, never typer's Python types
+        assert not re.search(r"<(str|int|float|list\[\w+\]|path)>|\{[a-z_]+\}", text), (name, text)
+        assert "Common options:" in text and text.index("Common options:") > text.find("\nOptions:"), name
+    bench = _help("bench")
+    assert "Usage: flaloop bench [OPTIONS] OP\n" in bench and "--min-pairs N " in bench and "--margin X " in bench
+    assert bench.index("--aa") < bench.index("Measurement options:") < bench.index("--min-pairs")
+    gate = _help("gate")
+    assert "--workers N " in gate and "[default: 0]" not in gate  # its text says what the default is
+    assert "-k EXPR" in gate
+
+
+def test_a_mistyped_command_is_hinted_at_the_command_list():
+    r = run("bnech", OP, "--json")
+    assert r.returncode == 2
+    assert json.loads(r.stdout)["hint"] == "`flaloop --help` lists the commands"
