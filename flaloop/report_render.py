@@ -105,6 +105,7 @@ def render_github(doc: dict) -> str:
     if geo:
         L.append(f"Geomean over {s['n_measured']} cell(s): **{_gh_geo(geo)}**, worst cell `{geo.get('worst_cell_id')}` "
                  f"{geo['worst_speedup']:.4f}x. Measured on {_device(doc['environment'])}.")
+    L += ["", _test_plan(doc)[0]]  # the gate the claim stands on: green, red, a -k subset, or none
     L += [""] + _gh_findings(doc["guard"]["findings"]) + ["", "</details>", ""]
     L.append(f"_From stored records by `flaloop report {doc['op']} --format github`; nothing was re-measured._")
     return "\n".join(L) + "\n"

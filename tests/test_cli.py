@@ -18,8 +18,29 @@ def test_list_reads_the_registry_in_the_targets_python(tmp_path):
     ops = {o["name"]: o for o in r.json["ops"]}
     assert ops[OP]["import_path"] == "minifla.ops.linear_attn"
     assert ops[OP]["test_file"] == "tests/ops/test_linear_attn.py" and ops[OP]["test_file_exists"]
+    assert "B1_T64_H2_D32" in ops[OP]["shapes"]  # the names `--shapes` takes
     human = flaloop(repo, "list")
-    assert OP in human.stdout and "tests/ops/test_linear_attn.py" in human.stdout
+    assert OP in human.stdout and "tests/ops/test_linear_attn.py" in human.stdout and "B1_T64_H2_D32" in human.stdout
+
+
+def test_a_bench_of_the_commit_an_iteration_gated_names_that_gate(tmp_path):
+    from flaloop import git as git_mod
+    from flaloop.bench.run import gated_by_loop
+    from flaloop.target import Target
+
+    repo = make_repo(tmp_path / "r")
+    target, head = Target.discover(str(repo)), git(repo, "rev-parse", "HEAD").strip()
+    iters = repo / "profile" / f"{OP}-opt" / "iters"
+    iters.mkdir(parents=True)
+    git_mod.ensure_ignored(repo, f"profile/{OP}-opt")  # as init does: the workspace is no change of the tree
+    gate = {"green": True, "signal_only": False, "counts": {"passed": 3}, "k_expr": None}
+    (iters / "0001.json").write_text(json.dumps({"iter": 1, "status": "keep", "commit": head, "direction": "d",
+                                                 "best_before": None, "created": "2026-01-01T00:00:00Z",
+                                                 "gate": gate}))
+    got = gated_by_loop(target, OP, git_mod.tree_state(repo))
+    assert got["green"] and got["reused_from"] == "iteration 1 of the loop" and got["counts"] == {"passed": 3}
+    (repo / "README.md").write_text("edited\n")  # another tree state: no gate of it
+    assert gated_by_loop(target, OP, git_mod.tree_state(repo)) is None
 
 
 def test_init_writes_contract_and_draft_with_the_frozen_set(tmp_path):

@@ -219,3 +219,46 @@ def test_a_mistyped_command_is_hinted_at_the_command_list():
     r = run("bnech", OP, "--json")
     assert r.returncode == 2
     assert json.loads(r.stdout)["hint"] == "`flaloop --help` lists the commands"
+
+
+def test_an_interrupted_command_answers_with_a_hint_in_json(capsys):
+    import typer
+
+    from flaloop.cli.app import command
+
+    @command
+    def cut_short(as_json: bool = False) -> None:
+        exc = KeyboardInterrupt()
+        exc.record_path = "/w/runs/x/record.json"
+        raise exc
+
+    with pytest.raises(typer.Exit) as exit_:
+        cut_short(as_json=True)
+    assert exit_.value.exit_code == 130
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"] == "interrupted" and doc["record"] == "/w/runs/x/record.json"
+    assert "run the command again" in doc["hint"] and doc["record"] in doc["hint"]
+
+
+def test_sweep_progress_never_prints_none():
+    from types import SimpleNamespace
+
+    from flaloop.cli.sweep import _events
+
+    said = []
+
+    class Bar:
+        def add_task(self, description, **kw):
+            said.append(description)
+            return 0
+
+        def update(self, task, description=None, **kw):
+            said.append(description)
+
+    on_event = _events(Bar(), {"k": SimpleNamespace(ref="opt/c128", kind="candidate", op=OP)})
+    on_event("start", key="k", where=None)
+    on_event("retry", key="k", why=None)
+    on_event("done", key="k", status=None, verdict=None)
+    on_event("done", key="k", status="ok", verdict="FASTER")
+    assert said == ["opt/c128: queued", "opt/c128: started", "opt/c128: retried ()", "opt/c128: done",
+                    "opt/c128: ok FASTER"]

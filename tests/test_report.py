@@ -18,7 +18,7 @@ from flaloop import report as report_mod
 from flaloop.errors import UsageError
 from flaloop.guard.findings import Finding
 from flaloop.report_plots import write_plots
-from flaloop.report_render import render
+from flaloop.report_render import render, render_github
 from flaloop.target import Target
 
 OP = "toy_attn"
@@ -398,6 +398,7 @@ def test_without_a_loop_the_report_stands_on_the_newest_complete_record_and_name
     assert doc["records"]["skipped"] == [str(ws(repo) / interrupted)]
     assert doc["conclusion"]["text"] != "no-go: no cell could be measured"
     assert "not used: `" in render(doc, {})
+    assert "\n- Gate: **GREEN**" in render_github(doc)  # the pull-request comment says which gate
     # a partial record (one cell measured of two) is passed over too; alone, an interrupted one stands
     partial = _copy_record(repo, rec, "29991231T000001Z", cells=[rec["cells"][0], unmeasured[1]])
     assert build(repo)["records"]["claim"] == str(complete)

@@ -262,7 +262,9 @@ def command(fn: Callable) -> Callable:
         except KeyboardInterrupt as exc:
             record = getattr(exc, "record_path", None)
             if as_json:
-                emit_json({"ok": False, "error": "interrupted", "exit_code": 130, "record": record})
+                emit_json({"ok": False, "error": "interrupted", "exit_code": 130, "record": record,
+                           "hint": "temporary worktrees and processes were cleaned up; run the command again"
+                                   + (f" (the run record so far: {record})" if record else "")})
             err.print("interrupted: temporary worktrees and processes were cleaned up"
                       + (f"; the run record so far: {record}" if record else ""))
             raise typer.Exit(130) from None

@@ -26,18 +26,20 @@ def list_cmd(repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = Fals
     """List the target's ops with their import path and gate test file."""
     target = Target.discover(repo, python)
     ops = target.ops()
+    shapes = {s.name: list(target.shape_configs(s)) for s in ops}  # what `--shapes` takes
     if as_json:
         print(json.dumps({"ok": True, "root": str(target.root), "ops": [
-            {**s.to_dict(), "test_file_exists": (target.root / s.test_file).is_file()} for s in ops]}))
+            {**s.to_dict(), "test_file_exists": (target.root / s.test_file).is_file(), "shapes": shapes[s.name]}
+            for s in ops]}))
         return
     table = Table(title=f"ops in {target.root}")
-    for col in ("op", "import path", "gate test file", "from"):
+    for col in ("op", "import path", "gate test file", "shapes", "from"):
         table.add_column(col, overflow="fold")  # a path is wrapped, never cut
     for s in ops:
         exists = (target.root / s.test_file).is_file()
         test = s.test_file if exists else f"{s.test_file} (missing)"
-        table.add_row(s.name, f"{s.import_path}.{s.func_name}", test, s.source)
-    print_table(out, table)
+        table.add_row(s.name, f"{s.import_path}.{s.func_name}", test, ", ".join(shapes[s.name]) or "-", s.source)
+    print_table(out, table, drop=("from", "shapes"))
 
 
 # -- init ---------------------------------------------------------------------------------------
