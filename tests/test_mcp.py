@@ -367,3 +367,17 @@ def test_every_tool_result_is_bounded_and_says_what_its_exit_code_means(name, mo
         assert "verdict delivered" not in out["meaning"]  # a command that delivers no verdict says its own
     full = anyio.run(agent.call, spec, spec.model(), {**args, "detail": True}, None)
     assert full["result"] == huge
+
+
+def test_a_result_without_a_document_keeps_the_last_lines_within_the_bound(monkeypatch):
+    from flaloop.cli import agent
+
+    async def fake_run(argv, report, cwd=None):
+        return {"exit_code": 4, "meaning": agent_tools.meaning(argv[0], 4), "result": None,
+                "stderr_tail": "\n".join(f"line {i} " + "x" * 300 for i in range(40))}
+
+    monkeypatch.setattr(agent, "run_command", fake_run)
+    spec = tool_specs(["list"])[0]
+    out = anyio.run(agent.call, spec, spec.model(), {}, None)
+    assert len(json.dumps(out).encode()) <= RESULT_BOUND and out["stderr_tail"].endswith("line 39 " + "x" * 300)
+    assert out["meaning"] == "internal error of flaloop"

@@ -48,6 +48,7 @@ from flaloop.errors import UsageError
 INTERRUPT_GRACE_S = 60.0  # flaloop's own Ctrl-C cleanup: workers, pytest, worktrees, the run record so far
 KILL_WAIT_S = 5.0
 PIPE_DRAIN_S = 2.0  # after the child exits: a grandchild may still hold its pipes
+TAIL_CHARS = 4000  # of a result without a document: its stderr's last lines, within agent_tools.RESULT_BOUND
 # rich draws the CLI's progress bars only on an interactive terminal; plain text is all we read.
 CHILD_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "NO_COLOR": "1"}
 PROGRESS_NOISE = re.compile(r"[━╸╺╾╼]+|\b\d+:\d\d:\d\d\b|-:--:--")  # the bar and the elapsed time
@@ -195,6 +196,8 @@ async def call(spec, model, arguments: dict, report, cwd: str | None = None) -> 
         out["next"] = out["result"]["next"]
     if not detail:
         out["result"] = compact(out["result"])
+        if len(out.get("stderr_tail", "")) > TAIL_CHARS:  # no document: what it printed last, within the bound
+            out["stderr_tail"] = "..." + out["stderr_tail"][-TAIL_CHARS:]
     return out
 
 
@@ -241,7 +244,9 @@ async def _serve() -> None:
 
     server = Server("flaloop", version=_version(), on_list_tools=list_tools, on_call_tool=call_tool,
                     instructions="flaloop's commands as tools: each runs `flaloop <command> --json` and returns "
-                                 "its exit code and JSON document. Read the flaloop skill (SKILL.md) first.")
+                                 "its exit code, what it means, its JSON document made compact (`detail: true` "
+                                 "for all of it) and the loop's next step. Read the flaloop skill (SKILL.md) "
+                                 "first.")
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 
