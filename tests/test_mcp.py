@@ -306,6 +306,8 @@ def test_a_bad_call_is_answered_as_the_cli_answers_a_usage_error():
     values, err = spec.check(model, {"op": OP, "target": "1.1x", "input": ["k=l2norm"]})
     assert err is None and values == {"op": OP, "target": "1.1x", "input": ["k=l2norm"]}
     assert spec.argv(values) == ["init", "--target", "1.1x", "--input", "k=l2norm", "--json", OP]
+    values, err = spec.check(model, {"op": OP, "shapes": "A,B"})  # one string where a list goes
+    assert err is None and spec.argv(values) == ["init", "--shapes", "A,B", "--json", OP]
     for args, said, hinted in (
             ({"op": OP, "target_speedup": "1.1x"}, "init has no parameter 'target_speedup'", "did you mean target"),
             ({"op": OP, "inputs": ["k=l2norm"]}, "no parameter 'inputs'", "did you mean input"),

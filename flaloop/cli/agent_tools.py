@@ -141,6 +141,9 @@ class ToolSpec:
             hint = (f"did you mean {' or '.join(close)}? " if close else "") + \
                 f"the parameters of {self.name}: {', '.join(names)}"
             return None, usage_error(f"{self.name} has no parameter {unknown[0]!r}", hint)
+        lists = {p.name for p in self.params if "list[" in str(p.annotation)}
+        # one value where a list goes is a list of one, as on the command line (`shapes: "A,B"` too)
+        arguments = {k: [v] if k in lists and isinstance(v, str) else v for k, v in arguments.items()}
         try:
             values = model.model_validate(arguments)
         except pydantic.ValidationError as exc:
