@@ -28,7 +28,11 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
   integrity a bench beside another process's load (marked contended; --exclusive refuses), FLA's
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
+  timed     the timed-call check's cost (share of a warm A/A) and a plant wrong only on the graph's
+            replays after its proof (blocked by timed-call-differs alone), on FLA and (the GPU test) minifla
   l2        `bench --aa --l2 both`: hot and cold cells each within 0.25%, the flush's cost, cold / hot
+  timer-load an A/A, a comment-only candidate and a patched-timer cheat alone, beside each other and
+            beside a training loop: no honest bench blocked, the cheat blocked under every load
   reach     compute-sanitizer on small kernels of known defects (benchmarks/sanitizer_reach.py);
             FLALOOP_REACH_TOOLS=racecheck (say) asks one tool's questions only
   plants    `flaloop sanitize` on defects planted in FLA (a read past the end, an uninitialized read,
@@ -67,7 +71,7 @@ from harness import (  # benchmarks/ is the script's directory, first on sys.pat
 )
 from suites_backends import suite_backends, suite_gluon, suite_tilelang
 from suites_explain import suite_evidence, suite_plants, suite_reach
-from suites_integrity import suite_integrity, suite_l2
+from suites_integrity import suite_integrity, suite_l2, suite_timer_load
 from suites_measure import (
     suite_aa_slowdown,
     suite_cycle,
@@ -79,6 +83,7 @@ from suites_measure import (
 )
 from suites_survey import suite_survey
 from suites_sweep import suite_sweep
+from suites_timed import suite_timed
 from suites_tools import (
     suite_faults,
     suite_guard,
@@ -93,7 +98,8 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
           "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
-          "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends}
+          "timer-load": suite_timer_load,
+          "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "timed": suite_timed}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -134,6 +140,10 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # then the A/A of hot and cold cells (`--l2 both`)
          "h200-integrity": [[["machine", "integrity", "l2"]]],
          "h200-l2": [[["machine", "l2"]]],
+         # issue 37: the timed-call check's cost on a warm A/A, the capture-only plant on FLA, the GPU tests
+         "h200-timed": [[["machine", "timed"]]],
+         # issue 37 on one GPU: honest benches and a timer cheat alone, beside each other, beside training
+         "h200-timer-load": [[["machine", "timer-load"]]],
          # issue 24: FLA's Gluon backend of fused_attnres through the loop, then Triton against Gluon
          "h200-gluon": [[["machine", "gluon"]]],
          # issue 24: FLA's TileLang backend of parallel_attn the same way; its wheels staged first

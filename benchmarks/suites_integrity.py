@@ -3,16 +3,19 @@ process on the same GPU (marked contended; refused with --exclusive; beside a li
 and marked), FLA's fix #988 undone (a
 kernel Triton miscompiles with 4 warps on Hopper, wrong only on shapes the bench does not time),
 and what the guard's work costs a bench (probes, the self-check, the unseen shapes); `l2`, the A/A of
-hot and cold cells (`--l2 both`)."""
+hot and cold cells (`--l2 both`); `timer-load`, honest candidates and a timer cheat alone, beside each
+other and beside a training loop (issue 37: no honest change blocked under contention)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 from harness import (  # benchmarks/ is first on sys.path
     OP,
+    ROOT,
     SMALL,
     Ctx,
     cells_line,
@@ -23,6 +26,7 @@ from harness import (  # benchmarks/ is first on sys.path
     run,
     write,
 )
+from suites_tools import GUARD_PLANTS, _plant
 
 PAIRS = ["--min-pairs", "8", "--max-pairs", "40", "--cell-seconds", "10"]
 WY = "fla/ops/delta_rule/wy_fast.py"
@@ -171,5 +175,113 @@ def suite_l2(ctx: Ctx) -> None:
     same = [c.get("verdict") for c in rec.get("cells") or []]
     goal("l2 both A/A", code == 0 and bool(same) and all(v == "SAME" for v in same) and worst <= 0.0025,
          f"verdicts {same}, worst |bias| {worst * 100:.3f}% (goal <= 0.25%)")
+    write(d / "summary.txt", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# another user's training loop on the same GPU: an MLP's forward, backward and AdamW step, with a
+# short pause so that the clock stays off its power cap and the pairs are kept (and marked)
+TRAIN = ("import sys, time, torch\n"
+         "m = torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 2048))\n"
+         "m = m.cuda().to(torch.bfloat16)\n"
+         "opt = torch.optim.AdamW(m.parameters(), lr=1e-4)\n"
+         "x = torch.randn(1024, 2048, device='cuda', dtype=torch.bfloat16)\n"
+         "end = time.time() + float(sys.argv[1])\n"
+         "while time.time() < end:\n"
+         "    loss = m(x).float().pow(2).mean()\n"
+         "    opt.zero_grad()\n"
+         "    loss.backward()\n"
+         "    opt.step()\n"
+         "    torch.cuda.synchronize()\n"
+         "    time.sleep(0.002)\n")
+# the unseen shapes are not what this suite is about, and on an empty Triton cache they are most of a
+# bench's time (219.5 s of the first A/A's 357.5 s on the H200, docs/BENCHMARKS.md): off
+LOAD_PAIRS = ["--min-pairs", "8", "--max-pairs", "16", "--cell-seconds", "5", "--unseen-shapes", "0"]
+COMMENT = ("fla/ops/delta_rule/chunk.py", None, "\n# a comment: the kernels are the base's\n")
+HONEST_RULES = {"timer-wall-gap", "eager-disagrees", "below-floor"}
+
+
+def _gap_lines(rec: dict) -> list[str]:
+    """The timer-wall-gap statistics of each cell (guard/timing.py), also where nothing fired."""
+    sys.path.insert(0, str(ROOT))
+    from flaloop.bench.model import Pair
+    from flaloop.guard import timing
+
+    out = []
+    for c in rec.get("cells") or []:
+        pairs = [Pair.from_dict(p) for p in c.get("pairs") or []]
+        got = timing.wall_gap_shift(pairs, c.get("k")) if c.get("timer") == "cuda_graph" else None
+        if got is None:
+            continue
+        gap, rows = got[0], got[1]
+        out.append(f"    {c['cell']['id']}: {gap.describe(1e3, 'gap excess')}; decisive {gap.decisive}, material "
+                   f"{gap.material}; {sum(bool(p.foreign) for p in rows)} of {len(rows)} pairs contended")
+    return out
+
+
+def suite_timer_load(ctx: Ctx) -> None:
+    """A/A, a comment-only candidate and a patched-timer cheat on chunk_delta_rule B8_T1024_H8_D64 fwd and
+    fwdbwd: alone, the three benches beside each other on one GPU, and beside a training loop. Goals: no
+    honest bench blocked anywhere (a `contended-unsure` warning is allowed and listed), the cheat
+    blocked under every load. One GPU, a fresh Triton cache: estimated 5-7 min on an H200 (not yet run)."""
+    t_start = time.monotonic()
+    d = ctx.out / "timer-load"
+    env = ctx.env(gpus=ctx.gpus[:1])
+    repos = {}
+    for name in ("aa", "comment", "cheat"):
+        repos[name] = fla_copy(ctx, f"timer-load-{name}")
+        init(ctx, repos[name], [SMALL])
+    _plant(repos["comment"], *COMMENT)
+    _plant(repos["cheat"], *GUARD_PLANTS["patched-timer"])
+    lines: list[str] = []
+    results: dict[tuple[str, str], tuple] = {}
+
+    def bench(load: str, name: str) -> None:
+        args = ["bench", OP, "--repo", str(repos[name]), "--json", *LOAD_PAIRS] + (["--aa"] if name == "aa" else [])
+        code, wall, doc = run(ctx, args, d / load / name, env=env)
+        results[(load, name)] = (code, wall, record_of(doc) or {})
+
+    # alone, one after the other (the first compiles: the Triton cache starts empty)
+    for name in ("comment", "aa", "cheat"):
+        bench("alone", name)
+    # beside each other: each bench's pairs list the other two as foreign processes
+    threads = [threading.Thread(target=bench, args=("benches", n)) for n in ("comment", "aa", "cheat")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # beside a training loop
+    train = subprocess.Popen([sys.executable, "-c", TRAIN, "400"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(8)  # torch imported and the loop running
+    try:
+        for name in ("comment", "aa", "cheat"):
+            bench("training", name)
+    finally:
+        train.kill()
+        train.wait()
+
+    honest_ok, cheat_ok = [], []
+    for (load, name), (code, wall, rec) in results.items():
+        found = (rec.get("guard") or {}).get("findings") or []
+        blocking = sorted({f["rule"] for f in found if f.get("blocking")})
+        unsure = [f for f in found if f["rule"] == "contended-unsure" or
+                  (f["rule"] in HONEST_RULES and not f.get("blocking"))]
+        verdicts = [c.get("verdict") for c in rec.get("cells") or []]
+        cont = (rec.get("env") or {}).get("contention") or {}
+        lines.append(f"{load:<9} {name:<8} exit {code} in {wall:.1f}s, verdicts {verdicts}, blocking {blocking}, "
+                     f"contention {cont.get('state')} ({cont.get('contended')} of {cont.get('pairs')} pairs)")
+        lines += [f"    warning {f['rule']} {f.get('cell')}: {f['message'][:400]}" for f in unsure]
+        lines += cells_line(rec) + _gap_lines(rec)
+        if name == "cheat":
+            cheat_ok.append(code == 1 and "timer-patched" in blocking and "BLOCKED" in verdicts)
+        else:
+            honest_ok.append(code != 1 and "BLOCKED" not in verdicts and bool(verdicts))
+    total = time.monotonic() - t_start
+    goal("honest never blocked under load", all(honest_ok) and len(honest_ok) == 6,
+         f"{sum(honest_ok)} of 6 honest benches (A/A, comment-only; alone, beside benches, beside training) unblocked")
+    goal("timer cheat blocked under load", all(cheat_ok) and len(cheat_ok) == 3,
+         f"{sum(cheat_ok)} of 3 patched-timer benches blocked")
+    goal("timer-load wall", total <= 480, f"{total:.0f}s (goal <= 480 s)")
     write(d / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -61,6 +61,7 @@ VANISHED_SHARE = 0.05
 TAKEN_OVER = 0.10
 NOISE_Z = 2.0
 DEFAULT_STEPS = 10
+ROUNDS = 2  # paired rounds of the profile, ABBA: what load does during one round moves both sides
 HOST_ROW = "(host time outside any op)"  # profile_step.py's row of the same name
 WHY, FIX = catalogue.UNEXPLAINED.why, catalogue.UNEXPLAINED.fix
 
@@ -104,6 +105,8 @@ class CellAccount:
     kernels: list[KernelDelta] = field(default_factory=list)
     checked: bool = False            # a cell that won (CI above 1 + margin): its share is held to the bounds
     finding: str | None = None
+    paired: list[float] = field(default_factory=list)  # each round's explained saving, at the bench's scale
+    unsure: str | None = None        # the share's interval is out of bounds but the rounds disagree
 
     @property
     def saved_ms(self) -> float | None:
@@ -111,7 +114,13 @@ class CellAccount:
 
     @property
     def explained_ms(self) -> float:
+        if self.paired:
+            return statistics.fmean(self.paired)
         return (self.kernel_base_ms - self.kernel_cand_ms) + (self.launches_base - self.launches_cand) * self.gap_ms
+
+    def round_shares(self) -> list[float]:
+        s = self.saved_ms
+        return [x / s for x in self.paired] if s and s > 0 else []
 
     def share(self, z: float = 0.0) -> float | None:
         s = self.saved_ms
@@ -123,7 +132,7 @@ class CellAccount:
         return {**{k: v for k, v in asdict(self).items() if k != "kernels"},
                 "saved_ms": self.saved_ms, "explained_ms": self.explained_ms, "share": self.share(),
                 "share_low": self.share(-NOISE_Z), "share_high": self.share(NOISE_Z),
-                "kernels": [k.to_dict() for k in self.kernels]}
+                "round_shares": self.round_shares(), "kernels": [k.to_dict() for k in self.kernels]}
 
 
 def _sd(xs: list[float]) -> float | None:
@@ -139,9 +148,44 @@ def _noise(side: dict) -> float:
     return sd * sd / max(1, int(side.get("steps") or 1))
 
 
-def account_cell(cid: str, base: dict, cand: dict, measured: dict) -> CellAccount:
-    """One cell's accounting from both sides' kernel tables (profile_step's `cells[id]`) and the
-    bench's row for it (rules.compare's cell: base_ms, cand_ms, verdict)."""
+def _merge(rounds: list[dict]) -> dict:
+    """One side's kernel table over its rounds: each kernel's time and launches per step averaged."""
+    if len(rounds) == 1:
+        return rounds[0]
+    n = len(rounds)
+    by: dict[str, dict] = {}
+    for t in rounds:
+        for k in t["kernels"]:
+            acc = by.setdefault(k["name"], {"name": k["name"], "ms": 0.0, "launches": 0.0})
+            acc["ms"] += float(k.get("ms", 0.0)) / n
+            acc["launches"] += float(k.get("launches", 0.0)) / n
+    return {"kernels": sorted(by.values(), key=lambda k: -k["ms"]),
+            "steps": sum(int(t.get("steps") or 1) for t in rounds),
+            "step_ms": [x for t in rounds for x in t.get("step_ms") or []],
+            "device_ms": statistics.fmean(float(t["device_ms"]) for t in rounds),
+            "launches": statistics.fmean(float(t["launches"]) for t in rounds)}
+
+
+def _round_saving(base: dict, cand: dict, bms: float | None) -> tuple[float, float]:
+    """One round's explained saving and its noise, both sides profiled back to back, at the bench's
+    scale: a step that load stretched beyond the bench's base time (a loaded host) stretches its
+    savings alike, so they are scaled by bench / profiled base step (which is 1 whenever the profile
+    ran no slower than the bench)."""
+    kb, kc = float(base["device_ms"]), float(cand["device_ms"])
+    lb, lc = float(base["launches"]), float(cand["launches"])
+    gap = max(0.0, (bms - kb) / lb) if bms is not None and lb else 0.0
+    scale = bms / max(kb, bms) if bms and bms > 0 and kb > 0 else 1.0
+    return ((kb - kc) + (lb - lc) * gap) * scale, math.sqrt(_noise(base) + _noise(cand)) * scale
+
+
+def account_cell(cid: str, base: dict | list[dict], cand: dict | list[dict], measured: dict) -> CellAccount:
+    """One cell's accounting from both sides' kernel tables (profile_step's `cells[id]`; a list: one
+    per round, round i of each side profiled back to back) and the bench's row for it
+    (rules.compare's cell: base_ms, cand_ms, verdict)."""
+    rb, rc = (base if isinstance(base, list) else [base]), (cand if isinstance(cand, list) else [cand])
+    bms, cms = measured.get("base_ms"), measured.get("cand_ms")
+    rounds = [_round_saving(b, c, bms) for b, c in zip(rb, rc, strict=True)]
+    base, cand = _merge(rb), _merge(rc)
     names = list(dict.fromkeys([k["name"] for k in base["kernels"]] + [k["name"] for k in cand["kernels"]]))
     b = {k["name"]: k for k in base["kernels"]}
     c = {k["name"]: k for k in cand["kernels"]}
@@ -151,11 +195,15 @@ def account_cell(cid: str, base: dict, cand: dict, measured: dict) -> CellAccoun
     kernels.sort(key=lambda k: -abs(k.delta_ms))
     kb, kc = float(base["device_ms"]), float(cand["device_ms"])
     lb, lc = float(base["launches"]), float(cand["launches"])
-    bms, cms = measured.get("base_ms"), measured.get("cand_ms")
     gap = max(0.0, (bms - kb) / lb) if bms is not None and lb else 0.0
+    # the noise of the mean paired saving: each round's own (its steps' spread), and the rounds'
+    # spread about each other (what load left after the pairing)
+    within = sum(n * n for _, n in rounds) / len(rounds) ** 2
+    between = statistics.variance([x for x, _ in rounds]) / len(rounds) if len(rounds) >= 2 else 0.0
     return CellAccount(id=cid, verdict=measured.get("verdict"), base_ms=bms, cand_ms=cms, kernel_base_ms=kb,
                        kernel_cand_ms=kc, launches_base=lb, launches_cand=lc, gap_ms=gap,
-                       noise_ms=math.sqrt(_noise(base) + _noise(cand)), kernels=kernels)
+                       noise_ms=math.sqrt(within + between), kernels=kernels,
+                       paired=[x for x, _ in rounds] if len(rounds) >= 2 else [])
 
 
 def _vanished(a: CellAccount) -> str | None:
@@ -173,10 +221,14 @@ def _vanished(a: CellAccount) -> str | None:
             f"(new or grown kernels: {took:.4g} ms, under {TAKEN_OVER:.0%} of it)")
 
 
-def _out_of_bounds(label: str, low: float | None, high: float | None, point: float | None) -> str | None:
+def _out_of_bounds(label: str, low: float | None, high: float | None, point: float | None,
+                   rounds: list[float] | None = None) -> str | None:
     lo_b, hi_b = SHARE_BOUNDS
     if point is None or low is None or high is None:
         return None
+    if rounds and (high < lo_b or low > hi_b) and not all(r < lo_b for r in rounds) \
+            and not all(r > hi_b for r in rounds):
+        return None  # the rounds disagree: `_unsure` says so
     if high < lo_b:
         return (f"{label}: the kernels account for {point:.0%} [{low:.0%}, {high:.0%}] of the measured saving, "
                 f"below {lo_b:.0%}: most of the win is nowhere in the kernels the profiler sees")
@@ -184,6 +236,18 @@ def _out_of_bounds(label: str, low: float | None, high: float | None, point: flo
         return (f"{label}: the kernels account for {point:.0%} [{low:.0%}, {high:.0%}] of the measured saving, "
                 f"above {hi_b:.0%}: the profiled step is not what the bench timed")
     return None
+
+
+def _unsure(label: str, low: float | None, high: float | None, point: float | None,
+            rounds: list[float]) -> str | None:
+    """Where the profile cannot decide: the share's interval reaches past a bound while its point or a
+    round lies inside (or the rounds fall on both sides of one)."""
+    lo_b, hi_b = SHARE_BOUNDS
+    if point is None or low is None or high is None or (lo_b <= low and high <= hi_b):
+        return None
+    each = f" (rounds: {', '.join(f'{r:.0%}' for r in rounds)})" if rounds else ""
+    return (f"{label}: unsure, not refused: the kernels account for {point:.0%} [{low:.0%}, {high:.0%}] of the measured "
+            f"saving{each}; the profile is too noisy to decide; `flaloop explain OP --steps 50` on a quieter machine")
 
 
 def _won(m: dict, margin: float) -> bool:
@@ -214,7 +278,9 @@ def account(profiled: dict, vs_cells: list[dict], margin: float = 0.005) -> dict
                 findings.append(Finding(rule=RULE, severity=BLOCK, message=a.finding, why=WHY, fix=FIX, cell=cid))
             continue
         if a.checked:
-            a.finding = _out_of_bounds(cid, a.share(-NOISE_Z), a.share(NOISE_Z), a.share())
+            a.finding = _out_of_bounds(cid, a.share(-NOISE_Z), a.share(NOISE_Z), a.share(), a.round_shares())
+            a.unsure = None if a.finding else _unsure(cid, a.share(-NOISE_Z), a.share(NOISE_Z), a.share(),
+                                                      a.round_shares())
         a.finding = a.finding or _vanished(a)
         if a.finding:
             findings.append(Finding(rule=RULE, severity=BLOCK, message=a.finding, why=WHY, fix=FIX, cell=cid))
@@ -225,14 +291,21 @@ def account(profiled: dict, vs_cells: list[dict], margin: float = 0.005) -> dict
         saved = sum(a.saved_ms for a in checked)
         expl = sum(a.explained_ms for a in checked)
         noise = math.sqrt(sum(a.noise_ms ** 2 for a in checked))
+        n_rounds = min(len(a.paired) for a in checked)
+        rounds = [sum(a.paired[r] for a in checked) / saved for r in range(n_rounds)] if saved > 0 else []
         total = {"cells": [a.id for a in checked], "saved_ms": saved, "explained_ms": expl, "share": expl / saved,
-                 "share_low": (expl - NOISE_Z * noise) / saved, "share_high": (expl + NOISE_Z * noise) / saved}
-        why = _out_of_bounds("over the cells that won", total["share_low"], total["share_high"], total["share"])
+                 "share_low": (expl - NOISE_Z * noise) / saved, "share_high": (expl + NOISE_Z * noise) / saved,
+                 "round_shares": rounds}
+        label = "over the cells that won"
+        why = _out_of_bounds(label, total["share_low"], total["share_high"], total["share"], rounds)
         if why:
             findings.append(Finding(rule=RULE, severity=BLOCK, message=why, why=WHY, fix=FIX))
+        else:
+            total["unsure"] = _unsure(label, total["share_low"], total["share_high"], total["share"], rounds)
     missing = [m["id"] for m in vs_cells if m["id"] not in {a.id for a in cells}]
+    unsure = [a.unsure for a in cells if a.unsure] + ([total["unsure"]] if total and total.get("unsure") else [])
     return {"cells": [a.to_dict() for a in cells], "total": total, "not_profiled": missing,
-            "findings": [f.to_dict() for f in findings], "blocked": bool(findings),
+            "findings": [f.to_dict() for f in findings], "blocked": bool(findings), "unsure": unsure,
             "bounds": {"share": list(SHARE_BOUNDS), "noise_z": NOISE_Z, "vanished_share": VANISHED_SHARE,
                        "taken_over": TAKEN_OVER}}
 
@@ -255,6 +328,12 @@ def latest(ws: Path, base_commit: str, cand_commit: str, record: str | None = No
                 and (record is None or doc.get("record") == record):
             found.append({**doc, "_path": str(p)})
     return found[-1] if found else None
+
+
+def _orders(rounds: int) -> list[tuple[str, str]]:
+    """The sides' order in each round: base first, then the candidate first, and so on (ABBA), so that
+    load that rises or falls over the profile moves both sides alike."""
+    return [("base", "cand") if r % 2 == 0 else ("cand", "base") for r in range(rounds)]
 
 
 def _run_side(python: str, tree: Path, registry: Path, op: str, cells: list[dict], out: Path, side: str,
@@ -290,20 +369,29 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
     env = profiling.step_env(ws)
     registry_rel = target.registry_file.relative_to(target.root)
     base_commit, cand_commit = vs.get("base_commit") or contract.base_commit, iteration.commit
-    sides: dict[str, dict] = {}
+    sides: dict[str, list[dict]] = {"base": [], "cand": []}
+    per_round = max(2, math.ceil(steps / ROUNDS))
     with git.worktree(target.root, base_commit, "explain-base") as base_tree, \
             git.worktree(target.root, cand_commit, "explain-cand") as cand_tree:
         registry = base_tree / registry_rel  # both sides read the base's registry, as the bench does
-        for side, tree in (("base", base_tree), ("cand", cand_tree)):
-            say("side", side=side, cells=len(wires), steps=steps)
-            sides[side] = _run_side(target.python, tree, registry, contract.op, wires, out, side, steps, device,
-                                    env, timeout, on_cell=lambda cid, s=side: say("cell", side=s, cell=cid))
+        trees = {"base": base_tree, "cand": cand_tree}
+        for r, order in enumerate(_orders(ROUNDS)):
+            for side in order:
+                say("side", side=side, cells=len(wires), steps=per_round, round=r + 1, rounds=ROUNDS)
+                rdir = out / f"round-{r + 1}"
+                rdir.mkdir(exist_ok=True)
+                sides[side].append(_run_side(target.python, trees[side], registry, contract.op, wires, rdir, side,
+                                             per_round, device, env, timeout,
+                                             on_cell=lambda cid, s=side: say("cell", side=s, cell=cid)))
+    profiled = {s: {cid: [d["cells"][cid] for d in runs] for cid in runs[0]["cells"]
+                    if all(cid in d["cells"] for d in runs)} for s, runs in sides.items()}
     doc = {"kind": "explain", "schema": 1, "op": contract.op, "created": stamp, "command": command,
            "iter": iteration.iter, "base_commit": base_commit, "cand_commit": cand_commit, "record": vs["record"],
-           "steps": steps, "device": sides["cand"].get("device"),
-           "kernels_are": "CUDA kernels" if sides["cand"].get("device") == "cuda" else
+           "steps": per_round * ROUNDS, "rounds": ROUNDS, "order": [" then ".join(o) for o in _orders(ROUNDS)],
+           "device": sides["cand"][0].get("device"),
+           "kernels_are": "CUDA kernels" if sides["cand"][0].get("device") == "cuda" else
            "host work (no GPU): Triton kernels run by the interpreter, CPU operators and host time outside them",
-           **account({s: d["cells"] for s, d in sides.items()}, vs.get("cells") or [], vs.get("margin") or 0.005)}
+           **account(profiled, vs.get("cells") or [], vs.get("margin") or 0.005)}
     fsutil.atomic_write_json(out / "explain.json", doc)
     return {**doc, "_path": str(out / "explain.json")}
 

@@ -335,7 +335,9 @@ def explanation_md(e: dict, top: int = 8) -> str:
     """The explanation (explain.account's document) as markdown: the shares, then per cell the
     kernels that moved most, base and candidate device time and launches per step."""
     lo, hi = e["bounds"]["share"]
-    L = [f"Every measured cell profiled over {e.get('steps')} steps on both sides ({e.get('kernels_are')}). "
+    rounds = (f", in {e['rounds']} rounds with the sides back to back ({', '.join(e.get('order') or [])})"
+              if (e.get("rounds") or 1) > 1 else "")
+    L = [f"Every measured cell profiled over {e.get('steps')} steps on both sides{rounds} ({e.get('kernels_are')}). "
          f"The share is the part of the bench's measured saving that the kernels' own saving (plus the launches "
          f"saved, at the bench's time per launch beyond the kernels) accounts for; on a cell that won (its CI above 1 + margin) and over all "
          f"of them it must not lie wholly outside [{lo:.0%}, {hi:.0%}] (below: the win is not in the kernels; "
@@ -365,6 +367,8 @@ def explanation_md(e: dict, top: int = 8) -> str:
     if e.get("findings"):
         L += ["", "**`unexplained-speedup` blocks the go:**", ""]
         L += [f"- {f.get('cell') or 'all cells'}: {f['message']}" for f in e["findings"]]
+    if e.get("unsure"):
+        L += ["", "**Unsure (not refused):**", ""] + [f"- {u}" for u in e["unsure"]]
     if e.get("not_profiled"):
         L += ["", "Not profiled: " + ", ".join(f"`{x}`" for x in e["not_profiled"]) + "."]
     return "\n".join(L)

@@ -29,7 +29,7 @@ TOOL_ENV = {"memcheck": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
             "initcheck": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}}
 # memcheck sees an access only where it leaves every allocation. Without caching, tensors may still
 # sit side by side (the driver packs small cudaMallocs): the likely reason a read 720 bytes past
-# FLA's `beta` went unseen on the H200 (docs/BENCHMARKS.md, fourteenth session; to be confirmed by
+# FLA's `beta` went unseen on the H200 (docs/lab/2026-12-01-h200.md, R14; to be confirmed by
 # benchmarks/sanitizer_reach.py). `--padding` puts this many unallocated bytes after each
 # allocation: a block-sized overrun (64 rows of 8 heads x 64 bf16 values is 64 KiB) falls into it.
 MEMCHECK_PADDING = 1 << 20
@@ -167,7 +167,7 @@ def warm_side(side: str, *, python: str, tree: Path, registry: Path, op: str, ce
     Under a tool every kernel the compiler loads is instrumented and every autotuning trial runs
     slowly: on the H200 with a cold Triton cache, racecheck spent 147 s setting up one FLA cell that
     took 7 s once compiled, and a plant compiled under it outran `--timeout 240` on both sides
-    (docs/BENCHMARKS.md, fifteenth session). The plain run compiles at full speed, and its
+    (docs/lab/2026-12-01-h200.md, R15). The plain run compiles at full speed, and its
     autotuning picks (TRITON_CACHE_AUTOTUNING, shared with the bench) are timed on an
     uninstrumented device, not under a tool whose slowdown would make them the next bench's picks."""
     log, result = out / f"warm-{side}.log", out / f"warm-{side}.json"

@@ -27,7 +27,7 @@ def _own_user_cache(tmp_path_factory):
     """flaloop's user cache (registry answers, GPU ceilings) per test session, not the user's."""
     if "FLALOOP_TEST_KEEP_CACHE" not in os.environ:
         os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
-    # warm fork servers of this session: their own directory, short-lived, stopped at the end
+    # warm fork servers of this test run: their own directory, short-lived, stopped at the end
     os.environ["FLALOOP_FORKSERVER_DIR"] = str(tmp_path_factory.mktemp("fs"))
     os.environ.setdefault("FLALOOP_FORKSERVER_IDLE_S", "300")
     yield

@@ -170,3 +170,43 @@ def test_a_bound_no_record_backs_is_refused_saying_what_would(tmp_path, text, wh
     assert not got.ok and why in got.why, got.why
     assert [k for k, _ in rules.no_go_missing(iters, got)] == ["named bound"]
     assert math.isfinite(got.numbers["room"]) if got.numbers else True
+
+
+def scaled(table: dict, load: float) -> dict:
+    """A profile_step table taken while the host ran `load` times slower."""
+    return {**table, "kernels": [{**k, "ms": k["ms"] * load} for k in table["kernels"]],
+            "step_ms": [x * load for x in table["step_ms"]], "device_ms": table["device_ms"] * load}
+
+
+def test_paired_rounds_explain_an_honest_win_whatever_the_load_of_each_round():
+    """Each round profiles the two sides back to back: load that changes between rounds (or across
+    one side's whole profile, as when the sides were taken one after the other) moves both halves
+    of a round alike, and the savings are read at the bench's scale."""
+    cand = {**BASE, "bwd_dqkw": (0.20, 1)}  # 0.4 ms of 1.6 saved, as measured
+    b, c = side(BASE), side(cand)
+    paired = explain.account({"base": {"c": [scaled(b, 1.0), scaled(b, 2.5)]},
+                              "cand": {"c": [scaled(c, 1.0), scaled(c, 2.5)]}}, [measured("c", 1.6, 1.2)])
+    cell = paired["cells"][0]
+    assert not paired["blocked"] and not paired["unsure"]
+    assert math.isclose(cell["share"], 1.0, rel_tol=0.02) and all(math.isclose(r, 1.0, rel_tol=0.02)
+                                                                  for r in cell["round_shares"])
+    # the same tables unpaired (the base profiled quiet, the candidate under 1.4x load) read 2%
+    sequential = explain.account({"base": {"c": b}, "cand": {"c": scaled(c, 1.4)}}, [measured("c", 1.6, 1.2)])
+    assert sequential["blocked"] and sequential["cells"][0]["share"] < 0.1
+
+
+def test_rounds_that_disagree_make_the_explanation_unsure_not_a_refusal():
+    cand = {**BASE, "bwd_dqkw": (0.20, 1)}
+    quiet, odd = side(cand), side({**BASE, "bwd_dqkw": (0.58, 1)})  # round 2's candidate step hit a stall
+    doc = explain.account({"base": {"c": [side(BASE), side(BASE)]}, "cand": {"c": [quiet, odd]}},
+                          [measured("c", 1.6, 1.2)])
+    assert not doc["blocked"] and doc["unsure"] and "unsure, not refused" in doc["unsure"][0]
+    assert "rounds: 100%, 5%" in doc["unsure"][0]
+    from flaloop.report_render import explanation_md
+
+    md = explanation_md({**doc, "steps": 10, "rounds": 2, "order": ["base then cand", "cand then base"], "kernels_are": "x"})
+    assert "**Unsure (not refused):**" in md and "in 2 rounds with the sides back to back" in md
+    # a win no round's kernels show is refused, paired or not
+    none = explain.account({"base": {"c": [side(BASE), side(BASE)]}, "cand": {"c": [side(BASE), side(BASE)]}},
+                           [measured("c", 1.6, 1.2)])
+    assert none["blocked"] and "below 50%" in none["findings"][0]["message"]

@@ -12,12 +12,13 @@ from flaloop.guard import dynamic as judge
 
 
 def pairs(base_ms: float, cand_ms: float, base_gap: float, cand_gap: float, n: int = 12) -> list[Pair]:
-    """n pairs whose wall time exceeds the device time by a gap per call on each side (tiny jitter)."""
+    """n pairs whose wall time exceeds the device time by a gap per call on each side (tiny jitter),
+    each seen alone on the GPU."""
     out = []
     for i in range(n):
         j = 1 + 0.001 * ((i % 3) - 1)
         out.append(Pair("AB" if i % 2 == 0 else "BA", base_ms * j, cand_ms * j, None, None,
-                        base_wall_ms=base_ms * j + base_gap, cand_wall_ms=cand_ms * j + cand_gap))
+                        base_wall_ms=base_ms * j + base_gap, cand_wall_ms=cand_ms * j + cand_gap, foreign=[]))
     return out
 
 
@@ -29,19 +30,23 @@ def test_a_timer_that_under_reports_leaves_a_wall_gap_on_its_side_only():
     f = judge.timer_wall_gap("c", lying, k=100, timer="cuda_graph")
     assert f is not None and f.rule == "timer-wall-gap" and f.blocking
     # a 1% lie is past the tolerance; the eager timer (host-bound walls) is never judged this way
-    assert judge.timer_wall_gap("c", pairs(0.1, 0.099, 0.0001, 0.0011), k=100, timer="cuda_graph")
+    assert judge.timer_wall_gap("c", pairs(0.1, 0.099, 0.0001, 0.0011), k=100, timer="cuda_graph").blocking
     assert judge.timer_wall_gap("c", lying, k=100, timer="cuda_eager") is None
 
 
+def eager(base: list[float], cand: list[float], host: float = 0.1) -> dict:
+    return {"base": {"wall_ms": base, "host_ms": [host] * len(base)},
+            "cand": {"wall_ms": cand, "host_ms": [host] * len(cand)}}
+
+
 def test_a_device_win_the_eager_wall_time_does_not_show_is_flagged_unless_launch_bound():
-    eager = {"base": {"median": 1.00}, "cand": {"median": 0.99}}
-    host = {"base": {"median": 0.10}, "cand": {"median": 0.10}}
-    f = judge.eager_disagrees("c", 1.25, eager, host)
-    assert f is not None and f.rule == "eager-disagrees"
-    assert judge.eager_disagrees("c", 1.25, {"base": {"median": 1.0}, "cand": {"median": 0.8}}, host) is None
-    launch_bound = {"base": {"median": 0.9}, "cand": {"median": 0.9}}
-    assert judge.eager_disagrees("c", 1.25, eager, launch_bound) is None
-    assert judge.eager_disagrees("c", 1.02, eager, host) is None  # too small to judge on 6 eager samples
+    steady = [1.0, 1.002, 0.998, 1.001, 0.999, 1.0]
+    none = eager(steady, [0.99 * x for x in steady])
+    f = judge.eager_disagrees("c", 1.25, none)
+    assert f is not None and f.rule == "eager-disagrees" and f.blocking
+    assert judge.eager_disagrees("c", 1.25, eager(steady, [0.8 * x for x in steady])) is None
+    assert judge.eager_disagrees("c", 1.25, eager(steady, [0.99 * x for x in steady], host=0.9)) is None  # launch-bound
+    assert judge.eager_disagrees("c", 1.02, none) is None  # too small to judge on 6 eager samples
 
 
 def _report(**over) -> dict:
@@ -86,11 +91,15 @@ def test_integrity_violations_the_base_shares_are_the_libraries_not_a_cheat():
     assert judge.integrity([], ["x was replaced"], aa=True) == []
 
 
-def test_a_cell_faster_than_its_roofline_floor_is_implausible():
-    f = judge.implausible("c", cand_ms=0.004, floor_ms=0.008)
-    assert f is not None and f.rule == "implausible-speedup" and f.blocking
-    assert judge.implausible("c", cand_ms=0.0079, floor_ms=0.008) is None  # within the 5% slack
-    assert judge.implausible("c", cand_ms=0.09, floor_ms=0.008) is None
+def test_a_cell_faster_than_its_roofline_floor_is_below_floor():
+    f = judge.below_floor("c", cand_ms=0.004, floor_ms=0.008, base_ms=0.02)
+    assert f is not None and f.rule == "below-floor" and f.blocking
+    assert "measured 0.004 ms" in f.message and "floor 0.008 ms" in f.message and "2.00x below" in f.message
+    assert judge.below_floor("c", cand_ms=0.0079, floor_ms=0.008) is None  # within the 5% slack
+    assert judge.below_floor("c", cand_ms=0.09, floor_ms=0.008) is None
+    # the base below the floor too, or a floor that is not a bound for this cell: named, not blocking
+    assert not judge.below_floor("c", 0.004, 0.008, base_ms=0.005).blocking
+    assert not judge.below_floor("c", 0.004, 0.008, 0.02, uncertain="no measured ceilings").blocking
 
 
 def test_one_near_zero_cell_cannot_hide_in_the_geomean():
@@ -103,10 +112,69 @@ def test_one_near_zero_cell_cannot_hide_in_the_geomean():
         r.pairs = [Pair("AB" if j % 2 == 0 else "BA", 1.0, ratio * (1 + 0.001 * (j % 3)), None, None)
                    for j in range(12)]
         results.append(r)
-    results[3].findings = [judge.implausible("S3/fwd", 0.01, 0.5)]
+    results[3].findings = [judge.below_floor("S3/fwd", 0.01, 0.5)]
     summary = analyse(results, margin=0.005).to_dict()
     geo = summary["geomean"]
     assert geo["speedup"] > 3 and math.isclose(geo["without_best_cell"], 1.0, rel_tol=0.01)
     assert geo["best_cell_id"] == "S3/fwd"
     assert results[3].verdict == "BLOCKED" and summary["n_blocked"] == 1
-    assert "implausible-speedup" in results[3].reason
+    assert "below-floor" in results[3].reason
+
+
+def test_a_clear_win_on_unchanged_code_is_implausible_and_beside_a_load_only_unsure():
+    quiet = pairs(1.0, 0.5, 0.0, 0.0)
+    f = judge.same_code_speedup("c", 2.0, 1.9, quiet)
+    assert f.rule == "implausible-speedup" and f.blocking and "1.900x" in f.message
+    assert judge.same_code_speedup("c", 1.05, 1.02, quiet) is None  # within what placement does to a bench
+    for p in quiet[:3]:
+        p.foreign = [4242]
+    f = judge.same_code_speedup("c", 2.0, 1.9, quiet)
+    assert f.rule == "contended-unsure" and not f.blocking and "--exclusive" in f.message
+
+
+def test_the_audit_knows_a_diff_of_comments_docstrings_and_layout_from_a_change_of_code(tmp_path):
+    import subprocess
+
+    from flaloop.guard.audit import same_code
+    from flaloop.guard.static import Change
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "op.py").write_text('"""The op."""\n\ndef f(x):\n    """Doc."""\n    return x + 1\n')
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    changed = [Change("op.py", "modified")]
+    (tmp_path / "op.py").write_text('"""The op, reworded."""\n\n\ndef f(x):  # a comment\n    return (x\n            + 1)\n')
+    assert same_code(tmp_path, base, changed)
+    (tmp_path / "op.py").write_text('def f(x):\n    return x + 2\n')
+    assert not same_code(tmp_path, base, changed)
+    (tmp_path / "new.py").write_text("")
+    assert not same_code(tmp_path, base, [Change("new.py", "untracked")])
+
+
+def test_finish_blocks_a_clear_win_of_unchanged_code_unless_the_sides_differ_by_cand_env():
+    import types
+
+    from flaloop.bench.finish import _same_code
+    from flaloop.bench.model import BenchConfig
+    from flaloop.bench.record import RunRecord
+
+    def record():
+        cell = {"id": "S/fwd", "shape_name": "S", "shape": {"B": 1}, "mode": "fwd"}
+        est = {"speedup": 1.5, "ci_low": 1.4, "ci_high": 1.6, "log_ratio": -0.4, "half_width": 0.03, "n_pairs": 12,
+               "method": "hl+rank"}
+        return RunRecord.from_dict({"op": "op", "created": "", "base": {"commit": "b" * 40},
+                                    "candidate": {"commit": "c" * 40},
+                                    "cells": [{"cell": cell, "status": "ok", "verdict": "FASTER", "estimate": est,
+                                               "pairs": [p.__dict__ for p in pairs(1.0, 0.66, 0.0, 0.0)]}]})
+
+    def plan(**cfg):
+        return types.SimpleNamespace(config=BenchConfig(**cfg), static={"code_unchanged": True}, allowed=[])
+    rec = record()
+    _same_code(rec, plan())
+    assert rec.cells[0].verdict == "BLOCKED" and rec.guard.blocked and "implausible-speedup" in rec.cells[0].reason
+    rec = record()
+    _same_code(rec, plan(cand_env={"FLA_X": "1"}))
+    assert rec.cells[0].verdict == "FASTER" and not rec.cells[0].findings

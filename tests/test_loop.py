@@ -157,7 +157,7 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     assert host["base_ms"] > 4 > 1 > host["cand_ms"]
     # each side's progress names the cell it is at; each cell says where its profile's time went
     assert "    base: B2_T64_H2_D16/fwd" in r.stderr and "    cand: B2_T64_H2_D16/fwd" in r.stderr
-    side = json.loads((Path(expl["_path"]).parent / "cells-cand.json").read_text())
+    side = json.loads((Path(expl["_path"]).parent / "round-1" / "cells-cand.json").read_text())  # a run per round
     wall = side["cells"]["B2_T64_H2_D16/fwd"]["wall_s"]
     assert set(wall) == {"setup", "warm", "profiled", "trace", "tuning_in_setup"} and wall["profiled"] > 0
     notes = r.json["decision"]["data"]["sanitizer_notes"]  # the go ran the sanitizer step, which says why not

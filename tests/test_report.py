@@ -360,7 +360,7 @@ def _copy_record(repo: Path, rec: dict, stamp: str, **changes) -> str:
 def test_a_loop_claim_stands_on_its_own_records_not_on_a_later_bench_of_another_environment(toy_measured):
     """A no-go loop's report shows its baseline's A/A, a kept iteration's its own vs-base record
     (named relative to the workspace), though a newer record of the same tree exists: `bench
-    --cand-env FLA_TILELANG=1` on the reverted tree (twentieth session, the H200) is the backend
+    --cand-env FLA_TILELANG=1` on the reverted tree (docs/lab/2026-12-02-h200.md, R20) is the backend
     question, not the loop's, and its blocked cells must not read as the loop's."""
     repo, _ = toy_measured
     base = git_mod.head_commit(repo)

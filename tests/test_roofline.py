@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from flaloop import roofline, stats
+from flaloop.guard import timing
 from flaloop.roofline import FAMILIES, Ceilings, annotate, cell_cost, family_for
 
 BF16 = 2
@@ -235,3 +236,27 @@ def test_annotate_without_a_model_or_ceilings():
     annotate(rec.rec, None, FAMILIES["linear"])
     r = rec["cells"][0]["roofline"]
     assert r["bytes"] > 0 and r["floor_ms"] is None and r["above_100"] is False
+
+
+def test_a_candidate_below_its_floor_blocks_as_below_floor_unless_the_floor_is_uncertain():
+    from flaloop.bench.finish import _below_floor
+
+    ceil = Ceilings("cuda", "H200", "GPU-1", bandwidth_gbs=4300.0, peak_tflops=790.0, gemm_dtype="bfloat16")
+    rec = _record(0.09, 0.005)
+    annotate(rec.rec, ceil, FAMILIES["delta"])
+    rec.rec.cells[0].verdict = "FASTER"
+    _below_floor(rec.rec, [])
+    (f,) = rec["cells"][0]["findings"]
+    assert f["rule"] == "below-floor" and f["severity"] == "block" and "measured 0.005 ms" in f["message"]
+    assert rec["cells"][0]["verdict"] == "BLOCKED" and rec["guard"]["blocked"] and rec["summary"]["n_blocked"] == 1
+    # an allowance recorded under the rule's earlier id still covers it
+    rec = _record(0.09, 0.005)
+    annotate(rec.rec, ceil, FAMILIES["delta"])
+    rec.rec.cells[0].verdict = "FASTER"
+    _below_floor(rec.rec, [{"rule": "implausible-speedup", "why": "the model ignores a cache this op keeps"}])
+    assert rec["cells"][0]["verdict"] == "FASTER" and rec["cells"][0]["findings"][0]["allowed"]
+    # a compute floor from a bf16 GEMM rate on an fp8 cell is no bound: named, not blocking
+    assert timing.floor_uncertain(ceil.to_dict(), "compute", "float8_e4m3fn")
+    assert timing.floor_uncertain(ceil.to_dict(), "memory", "float8_e4m3fn") is None
+    assert timing.floor_uncertain(ceil.to_dict(), "compute", "float32") is None
+    assert timing.floor_uncertain(None, "memory", "bfloat16") == "no measured ceilings"

@@ -156,7 +156,7 @@ PRELOAD = ['torch', 'triton', 'triton.language']  # what a bench's fork server p
 
 def fork_server(env: dict):
     """A connection to a warm flaloop fork server for `env` (the first call starts it; conftest
-    stops this session's servers at its end)."""
+    stops this test run's servers at its end)."""
     from flaloop.bench import forkservers
 
     server = forkservers.ForkServer.connect(sys.executable, env, PRELOAD)
@@ -355,6 +355,47 @@ def test_seed_changes_inputs(workers, tmp_path):
     base.ok('dump', cell='s0', path=str(tmp_path / 's0.pt'))
     r = base.ok('compare', cell='s1', ref=str(tmp_path / 's0.pt'), tol=1e-3)
     assert r['match'] is False and r['tensors']['out0']['rel_rms'] > 0.1
+
+
+def test_a_rounds_draw_changes_the_values_alike_on_both_sides_and_the_warmups_draw_is_the_seed(workers, tmp_path):
+    base, cand = workers('base'), workers('cand')
+    out = {}
+    for draw in (None, '', 'salt:r1', 'salt:r2'):
+        c = cell(f'draw-{draw}', seed=4, **({'draw': draw} if draw is not None else {}))
+        for name, w in (('base', base), ('cand', cand)):
+            w.ok('setup', cell=c)
+            w.ok('dump', cell=c['id'], path=str(tmp_path / f'{name}-{draw}.pt'))
+            out[name, draw] = torch.load(tmp_path / f'{name}-{draw}.pt')['out0']
+    for draw in (None, '', 'salt:r1', 'salt:r2'):
+        assert torch.equal(out['base', draw], out['cand', draw]), draw  # one draw, both sides
+    assert torch.equal(out['base', None], out['base', ''])  # no draw is the warm-up's: the seed alone
+    assert not torch.allclose(out['base', 'salt:r1'], out['base', 'salt:r2'])
+    assert not torch.allclose(out['base', None], out['base', 'salt:r1'])
+
+
+@pytest.mark.parametrize('timer_cold', [False, True])
+def test_a_kept_timed_call_crosses_to_the_base_which_judges_it(workers, tmp_path, timer_cold):
+    base, cand, off = workers('base'), workers('cand'), workers('off')
+    c = cell('kept', mode='fwdbwd', k=4, draw='salt:r1', **({'l2': 'cold'} if timer_cold else {}))
+    for w in (base, cand, off):
+        w.ok('setup', cell=c)
+    assert 'kept' not in base.ok('sample', cell='kept')  # no "keep": nothing copied
+    assert base.req('compare', cell='kept', ref=str(tmp_path / 'none.pt'), kept=True)['ok'] is False
+    for w in (base, cand, off):
+        r = w.ok('sample', cell='kept', keep=2)
+        assert r['times_ms'][0] > 0 and r['keep_s'] >= 0
+    assert set(r['kept']) >= {'s0:out0', 's0:grad_q', 's0:grad_k', 's0:grad_v'}, r['kept']
+    for i, (w, match) in enumerate(((cand, True), (off, False))):
+        path = tmp_path / f'kept-{i}.pt'
+        d = w.ok('dump', cell='kept', path=str(path), kept=True)
+        assert 's0:grad_q' in d['names']
+        r = base.ok('compare', cell='kept', ref=str(path), kept=True, tol=1e-3)
+        assert r['match'] is match and r['sets'] == ['s0'], r
+    assert r['tensors']['s0:out0']['rel_rms'] == pytest.approx(0.01, rel=1e-3)  # the 'off' tree's factor
+    # a later sample without "keep" leaves the kept call alone; an empty dump is no match
+    base.ok('sample', cell='kept')
+    torch.save({}, tmp_path / 'empty.pt')
+    assert base.ok('compare', cell='kept', ref=str(tmp_path / 'empty.pt'), kept=True, tol=1.0)['match'] is False
 
 
 def test_different_candidate_mismatches_without_crash(workers, tmp_path):

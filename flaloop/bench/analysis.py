@@ -15,7 +15,7 @@ import numpy as np
 from flaloop import stats
 from flaloop.bench.model import MIN_PAIRS_JUDGED, CellResult, CellSummary, RoundEstimate
 from flaloop.bench.record import GeomeanSummary, RunSummary
-from flaloop.guard import dynamic
+from flaloop.guard import timing
 from flaloop.guard.findings import Finding
 
 
@@ -88,9 +88,10 @@ def settled(est: stats.SpeedupEstimate | None, margin: float, band: float) -> st
 
 
 def _judge_timing(r: CellResult) -> None:
-    for f in (dynamic.timer_wall_gap(r.cell.id, r.pairs, r.k, r.timer),
-              dynamic.eager_disagrees(r.cell.id, r.estimate.speedup if r.estimate else None,
-                                      r.summary.to_dict().get("eager") or {}, r.summary.to_dict().get("host") or {})):
+    """The guard's paired timing cross-checks (guard/timing.py) over the cell's kept pairs."""
+    contended = any(p.foreign for p in r.kept)
+    for f in (timing.timer_wall_gap(r.cell.id, r.pairs, r.k, r.timer),
+              timing.eager_disagrees(r.cell.id, r.estimate.speedup if r.estimate else None, r.eager, contended)):
         if f is not None:
             r.findings.append(f)
 

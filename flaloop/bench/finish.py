@@ -9,7 +9,7 @@ from flaloop.bench.analysis import analyse
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.record import GuardSummary, RunRecord
 from flaloop.bench.session import Measurement
-from flaloop.guard import dynamic
+from flaloop.guard import timing
 from flaloop.guard.findings import Finding, apply_allowances
 
 
@@ -21,28 +21,59 @@ def _guard(plan: MeasurePlan, m: Measurement) -> GuardSummary:
     findings = list(m.run_findings) + _static_findings(plan) + [f for r in m.results for f in r.findings]
     return GuardSummary(blocked=any(f.blocking for f in findings), findings=findings, static=plan.static,
                         integrity=m.integrity, allowed=plan.allowed, probes=plan.config.probes,
-                        probe_seconds=round(m.probe_seconds, 3))
+                        probe_seconds=round(m.probe_seconds, 3), timed_calls=_timed_calls(m))
 
 
-def _implausible(record: RunRecord, allowed: list[dict]) -> None:
-    """A candidate faster than its roofline floor is implausible: the cell is BLOCKED (unless the base
-    is below it too: then the model, not the candidate, is wrong, and it is only a warning)."""
+def _timed_calls(m: Measurement) -> dict:
+    """The timed-call checks (bench/timed.py) with their share of the run's wall time."""
+    out = dict(m.timed_calls or {})
+    if out:
+        out["share"] = round(out.get("seconds", 0.0) / m.wall_s, 4) if m.wall_s else None
+    return out
+
+
+def _below_floor(record: RunRecord, allowed: list[dict]) -> None:
+    """A candidate faster than its roofline floor did not do the work: the cell is BLOCKED (only a
+    warning when the base is below it too, or the floor is uncertain: guard/timing.floor_uncertain).
+    An allowance recorded under the rule's earlier id, implausible-speedup, still applies."""
     if record.aa:
         return
+    ceilings = (record.roofline or {}).get("ceilings")
+    allowed = list(allowed or []) + [{**a, "rule": "below-floor"} for a in allowed or []
+                                     if a.get("rule") == "implausible-speedup"]
     for cell in record.cells:
-        roof, cand = cell.roofline, cell.summary.cand
-        f = dynamic.implausible(cell.id, cand.median if cand else None, roof.floor_ms if roof else None)
+        roof, cand, base = cell.roofline, cell.summary.cand, cell.summary.base
+        if not roof or not roof.floor_ms:
+            continue
+        f = timing.below_floor(cell.id, cand.median if cand else None, roof.floor_ms, base.median if base else None,
+                               timing.floor_uncertain(ceilings, roof.bound, cell.cell.dtype))
         if f is None:
             continue
-        if roof and (roof.pct_of_floor_base or 0) > 100:
-            f = dynamic.finding("implausible-speedup", f.message + " (the base is below it too: the model is "
-                                "off for this op)", f.cell, severity="warn")
         (f,) = apply_allowances([f], allowed)
         cell.findings.append(f)
         record.guard.findings.append(f)
         if f.blocking and cell.verdict not in ("BLOCKED", None):
-            cell.reason = (cell.reason + "; " if cell.reason else "") + \
-                f"guard: implausible-speedup (measured {cell.verdict})"
+            cell.reason = (cell.reason + "; " if cell.reason else "") + f"guard: below-floor (measured {cell.verdict})"
+            cell.verdict = "BLOCKED"
+            record.guard.blocked = True
+    record.summary.n_blocked = sum(c.verdict == "BLOCKED" for c in record.cells)
+
+
+def _same_code(record: RunRecord, plan: MeasurePlan) -> None:
+    """A clear win where the diff leaves the code as it was (guard/timing.same_code_speedup); not
+    with `--cand-env`, whose sides differ on purpose by their environment."""
+    if record.aa or plan.config.cand_env or not (plan.static or {}).get("code_unchanged"):
+        return
+    for cell in record.cells:
+        est = cell.estimate
+        f = timing.same_code_speedup(cell.id, est.speedup if est else None, est.ci_low if est else None, cell.pairs)
+        if f is None:
+            continue
+        (f,) = apply_allowances([f], plan.allowed)
+        cell.findings.append(f)
+        record.guard.findings.append(f)
+        if f.blocking and cell.verdict not in ("BLOCKED", None):
+            cell.reason = (cell.reason + "; " if cell.reason else "") + f"guard: {f.rule} (measured {cell.verdict})"
             cell.verdict = "BLOCKED"
             record.guard.blocked = True
     record.summary.n_blocked = sum(c.verdict == "BLOCKED" for c in record.cells)
@@ -76,6 +107,7 @@ def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None =
         errors=list(m.errors), wall_s=m.wall_s, timeline=m.timeline, lean_check=m.lean_check,
         waited_s={k: round(v, 2) for k, v in m.waited.items()}, transfer=m.transfer, unseen=_unseen(plan, m),
         guard=_guard(plan, m), summary=summary, cells=m.results)
+    _same_code(record, plan)
     if not m.interrupted and m.env:
         record.env["during"] = evidence.during_evidence(evidence.readings_of(record))
     if m.env and m.env.get("device") == "cuda":
@@ -84,5 +116,5 @@ def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None =
             record.errors.append(f"roofline ceilings not measured: {m.ceilings_error}")
         ceilings = roofline.Ceilings.from_dict(m.ceilings) if m.ceilings else None
         roofline.annotate(record, ceilings, roofline.family_for(plan.registry_entry, plan.op))
-        _implausible(record, plan.allowed)
+        _below_floor(record, plan.allowed)
     return record

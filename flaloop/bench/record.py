@@ -99,6 +99,9 @@ class GuardSummary:
     allowed: list[dict] = field(default_factory=list)
     probes: bool = True
     probe_seconds: float = 0.0
+    # timed calls checked against the base's (bench/timed.py): the input draw's salt, checked, differ,
+    # seconds, and their share of the run's wall time
+    timed_calls: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "findings": [f.to_dict() for f in self.findings]}

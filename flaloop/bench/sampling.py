@@ -12,7 +12,7 @@ the same mirrored order.
 Why both: on the H200 the side that set up last and then sampled first read slow in that first
 sample (in 31 of 40 such rounds of three verifies, by up to 2.7%), and it was always the base,
 since round 2 set it up last and began with AB: a lean toward FASTER. A run of the graph just
-before that sample did not help (docs/BENCHMARKS.md, eighth and ninth sessions).
+before that sample did not help (docs/lab/2026-12-01-h200.md, R8 and R9).
 
 Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
 test drives them over scripted fake workers (tests/test_session.py).
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flaloop import stats
+from flaloop.bench import timed
 from flaloop.bench.analysis import settled
 from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, CellResult, Pair
 from flaloop.bench.workers import WorkerFailed
@@ -67,7 +68,7 @@ def setup_pair(s: Session, res: CellResult, placements: int) -> bool:
     built = res.setup.setdefault("placements", [])
     for side in s.order():
         r = s.setup(res, side, k, "eager" if res.timer == "cuda_eager" else "auto", placements,
-                    reference=s.cfg.probes)
+                    reference=s.cfg.probes, draw=timed.draw(s.out.timed_calls.get("draw", ""), s.round))
         if not r.get("ok"):
             s.fail(res, side, r)
             return False
@@ -107,6 +108,7 @@ def sample_cell(s: Session, res: CellResult, t0: float) -> None:
     if not setup_pair(s, res, placements):
         return None
     lead, other = s.order()  # the side that set up first samples first
+    kept = None  # (pair, call) of the timed call to check against the base's (bench/timed.py)
     settle = pair(s, res, lead, 0)
     if settle is None:
         return None
@@ -116,11 +118,14 @@ def sample_cell(s: Session, res: CellResult, t0: float) -> None:
     while True:
         if s.blocked_run():
             return None
-        p = pair(s, res, lead if len(mine) % 2 == 0 else other, (len(mine) // 2) % placements)
+        keep = timed.call_index(res.k) if cfg.probes and timed.replaces(len(mine)) else None
+        p = pair(s, res, lead if len(mine) % 2 == 0 else other, (len(mine) // 2) % placements, keep)
         if p is None:
             return None
         res.pairs.append(p)
         mine.append(p)
+        if keep is not None:
+            kept = (len(mine) - 1, keep)
         r_kept = np.log(np.array([x.cand_ms / x.base_ms for x in mine if x.dropped is None]))
         s.on_event("pair", cell=res.cell.id, n=len(mine), kept=len(r_kept))
         # the time cap waits for a handful of pairs: a candidate far slower than the base (k is
@@ -141,6 +146,9 @@ def sample_cell(s: Session, res: CellResult, t0: float) -> None:
             res.stop_reason = (res.stop_reason + "; " if res.stop_reason else "") + (
                 f"round {s.round + 1}: {why}" if n_rounds > 1 else str(why))
             break
+    if kept is not None and not timed.check(s, res, {"round": s.round + 1, "pair": kept[0], "call": kept[1],
+                                                     "k": res.k, "timer": res.timer, "of_pairs": len(mine)}):
+        return None
     for i in range(max(2, cfg.n_eager // n_rounds)):
         for side in (s.order() if i % 2 == 0 else s.order()[::-1]):
             r = s.ask(side, "eager", cfg.sample_timeout, cell=res.cell.id, n=1)
@@ -191,17 +199,21 @@ def self_check(s: Session, res: CellResult) -> None:
     return None
 
 
-def pair(s: Session, res: CellResult, lead: str, placement: int) -> Pair | None:
-    """One pair on a placement, `lead` sampling first. None when a side failed (the cell is failed)."""
+def pair(s: Session, res: CellResult, lead: str, placement: int, keep: int | None = None) -> Pair | None:
+    """One pair on a placement, `lead` sampling first; with `keep`, both sides keep the results of
+    that call of their sample (bench/timed.py). None when a side failed (the cell is failed)."""
     before = s.clock()
     t, wall = {}, {}
+    extra = {} if keep is None else {"keep": keep}
     for side in (lead, "cand" if lead == "base" else "base"):
-        r = s.ask(side, "sample", s.cfg.sample_timeout, cell=res.cell.id, n=1, placement=placement)
+        r = s.ask(side, "sample", s.cfg.sample_timeout, cell=res.cell.id, n=1, placement=placement, **extra)
         times = r.get("times_ms") or [None]
         if not r.get("ok") or times[0] is None or not times[0] > 0:
             return s.fail(res, side, r if not r.get("ok") else {"error": f"unusable time {times[0]!r} ms"})
         t[side] = times[0]
         wall[side] = (r.get("wall_ms") or [None])[0]
+        if keep is not None:  # the kept copy's cost (bench/timed.py) is the check's
+            s.out.timed_calls["seconds"] = round(s.out.timed_calls.get("seconds", 0.0) + (r.get("keep_s") or 0.0), 4)
     after = s.clock()
     occ = s.occupancy()
     foreign = [o["pid"] for o in occ["foreign"]] if occ and occ["visible"] else None

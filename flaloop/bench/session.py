@@ -33,7 +33,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from flaloop.bench import sampling, warmup
+from flaloop.bench import sampling, timed, warmup
 from flaloop.bench.analysis import round_estimates
 from flaloop.bench.launcher import Launcher
 from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, Cell, CellResult
@@ -96,6 +96,8 @@ class Measurement:
     run_findings: list[Finding] = field(default_factory=list)  # guard findings about the whole run
     probe_seconds: float = 0.0
     unseen: dict | None = None  # the shapes nobody times, as checked in the warm-up (warmup.check_unseen)
+    # timed calls checked against the base's (bench/timed.py): the rounds' input draw, how many, the seconds
+    timed_calls: dict = field(default_factory=dict)
     lean_check: dict | None = None
     env: dict = field(default_factory=dict)  # fingerprint, idle evidence, how the workers started
     ceilings: dict | None = None  # the device's measured limits (roofline.Ceilings), taken where it ran
@@ -136,7 +138,8 @@ class Session:
         self.cancel = cancel
         self.unseen = unseen  # the plan's draw (bench/unseen.plan); None: no check asked for
         self.out = Measurement(results=[CellResult(c) for c in cells],
-                               transfer={"how": "cuda-ipc", "why": None})
+                               transfer={"how": "cuda-ipc", "why": None},
+                               timed_calls={"draw": timed.run_salt(), "checked": 0, "differ": 0, "seconds": 0.0})
         self.results = self.out.results
         self.workers: dict[str, WorkerClient] = {}
         self.pool: WorkerPool | None = None
@@ -461,12 +464,15 @@ class Session:
     # -- helpers of both phases (the warm-up: bench/warmup.py; the sampling: bench/sampling.py) --
 
     def setup(self, res: CellResult, side: str, k: int | None, timer: str, placements: int = 1,
-              reference: bool = False) -> dict:
+              reference: bool = False, draw: str | None = None) -> dict:
         """Set the cell up on one side; with `reference` (a measuring pair, probes on) the worker
-        keeps the results the self-check after the samples compares with (bench/sampling.py)."""
+        keeps the results the self-check after the samples compares with (bench/sampling.py); with
+        `draw`, its inputs are that round's values (bench/timed.draw), not the warm-up's."""
         cell = res.cell.to_wire(self.cfg, k, timer, placements)
         if reference:
             cell["reference"] = True
+        if draw:
+            cell["draw"] = draw
         return self.ask(side, "setup", self.cfg.worker_timeout, cell=cell)
 
     def cell_failed(self, res: CellResult, exc: WorkerFailed) -> None:

@@ -115,7 +115,8 @@ def explain_events(console):
 
     def on_event(kind: str, **i) -> None:
         if kind == "side":
-            console.print(f"  profiling the {i['side']} side: {i['cells']} cells x {i['steps']} steps ...")
+            console.print(f"  profiling the {i['side']} side: {i['cells']} cells x {i['steps']} steps"
+                          + (f" (round {i['round']} of {i['rounds']})" if i.get("rounds", 1) > 1 else "") + " ...")
         elif kind == "cell":
             console.print(f"    {i['side']}: {i['cell']}")
 

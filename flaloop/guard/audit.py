@@ -10,6 +10,7 @@ Reads files and git only: no target interpreter, no GPU; a few seconds on an FLA
 
 from __future__ import annotations
 
+import ast
 import difflib
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class AuditResult:
     analysed: list[str] = field(default_factory=list)    # Python files the rules read
     not_loaded: list[str] = field(default_factory=list)  # changed files the op, gate and bench never import
     frozen: list[str] = field(default_factory=list)      # changed frozen files: the gate is red on these
+    code_unchanged: bool | None = None  # every change is to comments, docstrings or layout of Python files
 
     @property
     def blocked(self) -> bool:
@@ -43,6 +45,7 @@ class AuditResult:
         return {"base_commit": self.base_commit, "blocked": self.blocked, "files": self.files,
                 "seconds": round(self.seconds, 3), "findings": [f.to_dict() for f in self.findings],
                 "analysed": self.analysed, "not_loaded": self.not_loaded, "frozen": self.frozen,
+                "code_unchanged": self.code_unchanged,
                 "counts": {"block": sum(f.blocking for f in self.findings),
                            "warn": sum(f.severity == "warn" for f in self.findings),
                            "allowed": sum(f.allowed is not None for f in self.findings)}}
@@ -94,4 +97,32 @@ def audit(target, contract, base_commit: str | None = None) -> AuditResult:
     findings = apply_allowances(static.findings, getattr(contract, "allowed", []))
     return AuditResult(base_commit=base, findings=findings, files=[c.path for c in changes],
                        seconds=time.monotonic() - t0, analysed=static.analysed, not_loaded=static.not_loaded,
-                       frozen=static.frozen)
+                       frozen=static.frozen, code_unchanged=same_code(target.root, base, changes))
+
+
+def _code(src: bytes | str) -> str | None:
+    """A Python module's syntax tree without its docstrings: what runs, not how it reads."""
+    try:
+        tree = ast.parse(src)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
+def same_code(root, base_commit: str, changes: list[Change]) -> bool:
+    """Whether the diff leaves the code as it was: every change a modified Python file whose syntax
+    tree, docstrings aside, is the base's (comments, docstrings, blank lines, formatting)."""
+    for c in changes:
+        if c.status != "modified" or not c.path.endswith(".py") or not (root / c.path).is_file():
+            return False
+        old = git.file_at(root, base_commit, c.base_path or c.path)
+        now = _code((root / c.path).read_bytes())
+        if old is None or now is None or _code(old) != now:
+            return False
+    return True

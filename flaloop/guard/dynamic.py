@@ -8,10 +8,15 @@ never held against the candidate. docs/GUARD.md has a section per probe id.
 from __future__ import annotations
 
 import math
-import statistics
 
 from flaloop.guard import catalogue
 from flaloop.guard.findings import WARN, Finding
+from flaloop.guard.timing import (  # noqa: F401  (the timing checks)
+    below_floor,
+    eager_disagrees,
+    same_code_speedup,
+    timer_wall_gap,
+)
 
 
 def finding(rule: str, message: str, cell: str | None = None, side: str | None = "cand",
@@ -115,55 +120,6 @@ def lean_kernels(side: str, cell: str, lean: dict | None, real: dict | None) -> 
             diffs.append(f"{what} differ: only with the real import {only_real}, only lean {only_lean}, "
                          f"other counts {counts}")
     return [finding("lean-import-differs", f"{side}, {cell}: " + "; ".join(diffs), cell=cell, side=side)] if diffs else []
-
-
-def timer_wall_gap(cell: str, pairs: list, k: int | None, timer: str | None) -> Finding | None:
-    """Device time vs host wall time of the same synchronized graph replays, compared across sides.
-
-    For a CUDA-graph sample, wall = device + a small constant (the replay's launch and the final
-    sync), the same on both sides. A timer that under-reports shows as a larger gap on its side.
-    Flagged when the candidate's median per-call gap exceeds the base's by more than 0.2% of the
-    per-call time (plus 20 us per sample): a 1% fake on a 10 ms sample leaves a 100 us gap. Also
-    flagged: device time above wall time (impossible for an honest timer) on the candidate.
-    """
-    if timer != "cuda_graph":
-        return None
-    rows = [p for p in pairs if p.dropped is None and p.base_wall_ms and p.cand_wall_ms]
-    if len(rows) < 4:
-        return None
-    gap_b = statistics.median(p.base_wall_ms - p.base_ms for p in rows)
-    gap_c = statistics.median(p.cand_wall_ms - p.cand_ms for p in rows)
-    per_call = statistics.median(p.base_ms for p in rows)
-    k = max(1, k or 1)
-    tol = 0.002 * per_call + 0.02 / k
-    if gap_c - gap_b > tol:
-        return finding("timer-wall-gap", f"device time is {gap_c * 1e3:.1f} us/call short of wall time on the "
-                       f"candidate vs {gap_b * 1e3:.1f} us on the base (tolerance {tol * 1e3:.1f} us)", cell)
-    over = [p for p in rows if p.cand_ms > p.cand_wall_ms * 1.001 + 0.01 / k]
-    if len(over) > len(rows) // 2:
-        return finding("timer-wall-gap", f"device time exceeds wall time in {len(over)} of {len(rows)} candidate "
-                       "samples", cell)
-    return None
-
-
-def eager_disagrees(cell: str, speedup: float | None, eager: dict, host: dict) -> Finding | None:
-    """A device-time win the eager wall time does not show, on a cell that is not launch-bound.
-
-    Eager samples are few and noisier, so only a clear gap counts: a device speedup of at least 5%
-    of which the eager wall time shows less than a third."""
-    try:
-        eb, ec = eager["base"]["median"], eager["cand"]["median"]
-        hb, hc = host["base"]["median"], host["cand"]["median"]
-    except (KeyError, TypeError):
-        return None
-    if speedup is None or speedup < 1.05 or not (eb > 0 and ec > 0):
-        return None
-    if max(hb, hc) > 0.5 * min(eb, ec):  # host-bound: the wall time is the launch cost, not the kernel
-        return None
-    eager_speedup = eb / ec
-    if math.log(eager_speedup) < math.log(speedup) / 3:
-        return finding("eager-disagrees", f"device time says {speedup:.3f}x, eager wall time {eager_speedup:.3f}x", cell)
-    return None
 
 
 # -- the probes of one cell ---------------------------------------------------------------------------
@@ -298,10 +254,40 @@ def self_check_finding(cell: str, round_no: int, changed: list[str], checks: dic
     return finding("self-check", msg, cell, severity="warn" if pre_existing else None)
 
 
-def implausible(cell: str, cand_ms: float | None, floor_ms: float | None) -> Finding | None:
-    """The candidate's median device time below the roofline floor of the cell (5% slack for the
-    ceilings' own measurement error)."""
-    if not cand_ms or not floor_ms or cand_ms >= 0.95 * floor_ms:
-        return None
-    return finding("implausible-speedup", f"{cand_ms:.4g} ms per call is {floor_ms / cand_ms:.2f}x below the "
-                   f"roofline floor of {floor_ms:.4g} ms", cell)
+
+def worst_tensor(cmp_: dict) -> dict:
+    """The tensor of a comparison (bench/worker/compare.compare_results) that differs most: one that
+    does not match first, then by relative RMS; {} when nothing was compared."""
+    tensors = cmp_.get("tensors") or {}
+    if not tensors:
+        return {}
+
+    def badness(kv):
+        t = kv[1]
+        rel = t.get("rel_rms")
+        return (not t.get("match"), t.get("nonfinite_self") or 0, math.inf if rel is None else rel)
+
+    name, t = max(tensors.items(), key=badness)
+    return {"tensor": name, **{k: t.get(k) for k in ("rel_rms", "max_abs", "nonfinite_self", "nonfinite_ref",
+                                                     "shape", "shape_ref", "missing")}}
+
+
+def timed_call_finding(cell: str, at: dict, worst: dict, tol: float | None, aa: bool = False) -> Finding:
+    """A timed call of the candidate, checked against the base's same call on the same inputs,
+    differs. In an A/A both sides are the base: the op varies between processes, reported only."""
+    pairs = f" of {at['of_pairs']}" if at.get("of_pairs") else ""
+    where = f"round {at.get('round')}, pair {at.get('pair', 0) + 1}{pairs}, " + (
+        "the graph's replay" if at.get("timer") == "cuda_graph" else
+        f"call {at.get('call', 0) + 1} of {at.get('k')}")
+    name, rel = worst.get("tensor", "-"), worst.get("rel_rms")
+    how = (f"{name} missing on the {'candidate' if worst.get('missing') == 'self' else 'base'}"
+           if worst.get("missing") else
+           f"{name} shape {worst.get('shape')} vs the base's {worst.get('shape_ref')}"
+           if worst.get("shape") != worst.get("shape_ref") else
+           f"{name} rel-RMS not finite" if rel is None else f"{name} rel-RMS {rel:.3g}")
+    nf = f", {worst['nonfinite_self']} non-finite" if worst.get("nonfinite_self") else ""
+    msg = f"{where}: the timed call differs from the base's on the same inputs: {how}{nf} (tol {tol})"
+    if aa:
+        return finding("timed-call-differs", msg + " (A/A: the base against itself, reported, not blocking)",
+                       cell, severity=WARN)
+    return finding("timed-call-differs", msg, cell)

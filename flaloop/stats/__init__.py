@@ -88,7 +88,13 @@ from __future__ import annotations
 from flaloop.stats.base import Summary, log_ratios, summarize
 from flaloop.stats.estimators import ESTIMATORS, Estimator, hodges_lehmann
 from flaloop.stats.geomean import GEOMEAN_METHODS, GeomeanEstimate, combined_interval, geomean
-from flaloop.stats.intervals import METHODS, MIN_BOOTSTRAP_PAIRS, SpeedupEstimate, estimate_speedup
+from flaloop.stats.intervals import (
+    METHODS,
+    MIN_BOOTSTRAP_PAIRS,
+    SpeedupEstimate,
+    estimate_speedup,
+    shift_interval,
+)
 from flaloop.stats.stopping import CIHalfWidthStop, StoppingRule
 from flaloop.stats.verdicts import CellPValues, Verdict, cell_pvalues, holm_adjust, holm_verdicts, verdict
 
@@ -96,5 +102,5 @@ __all__ = [
     "ESTIMATORS", "GEOMEAN_METHODS", "METHODS", "MIN_BOOTSTRAP_PAIRS", "CIHalfWidthStop", "CellPValues",
     "Estimator", "GeomeanEstimate", "SpeedupEstimate", "StoppingRule", "Summary", "Verdict", "cell_pvalues",
     "combined_interval", "estimate_speedup", "geomean", "hodges_lehmann", "holm_adjust", "holm_verdicts",
-    "log_ratios", "summarize", "verdict",
+    "log_ratios", "shift_interval", "summarize", "verdict",
 ]

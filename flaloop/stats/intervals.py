@@ -79,6 +79,18 @@ def _rank_interval(r: np.ndarray, est: Estimator, confidence: float) -> tuple[fl
     return float(values[c]), float(values[values.size - 1 - c])
 
 
+def shift_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
+    """The Hodges-Lehmann location of paired differences and its rank interval: (point, low, high).
+    Below the 6 values a 95 % rank interval needs, the interval is the values' range (every pair
+    on one side of a bound is then the only evidence there is)."""
+    a = _vector(values, "differences", min_n=1)
+    est = _estimator("hl")
+    lo, hi = _rank_interval(a, est, confidence) if a.size >= 2 else (-math.inf, math.inf)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        lo, hi = float(a.min()), float(a.max())
+    return est.point(a), lo, hi
+
+
 # -- speedup of one cell -------------------------------------------------------------------------
 
 @dataclass(frozen=True)

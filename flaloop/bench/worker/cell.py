@@ -9,7 +9,7 @@ On a GPU a cell can be built more than once in the same process (`placements`): 
 has its own input tensors (the same values) and its own proven graph with its own memory pool,
 and `sample(i)` times placement i. Where a cell's memory lands moves its time: on the H200 one
 process's four placements of the same cell differed by up to 0.85% (benchmarks/placement.py,
-docs/BENCHMARKS.md), so a pair of processes that each hold one placement carries that luck into
+docs/lab/2026-12-01-h200.md, R8), so a pair of processes that each hold one placement carries that luck into
 the comparison; rotating over placements averages it.
 """
 
@@ -75,6 +75,7 @@ class BuiltCell:
         self.sets: list[InputSet] = []
         # placements after the first: (its input sets, its proven graph or None under the eager timer)
         self.extra: list[tuple[list[InputSet], object]] = []
+        self.extra_static: list[dict] = []  # their graphs' output tensors, as `static` is placement 0's
         self.placement_bytes = 0
         self.n_sets = 1
         self.set_bytes = 0
@@ -91,6 +92,10 @@ class BuiltCell:
         self.want_reference = bool(spec.get('reference'))
         self.reference: dict | None = None
         self.reference_mutated: dict | None = None
+        # the results one timed call left, taken from inside a timed sample (`sample`'s `keep`):
+        # {'s<set>:<name>': tensor}, for the session to compare with the base's same call
+        self.kept: dict | None = None
+        self.keep_s = 0.0  # host seconds the last kept copy took (its cost, in the record)
 
     # -- building -----------------------------------------------------------------------------------
 
@@ -274,14 +279,25 @@ class BuiltCell:
         checks['mutated'] = compare_results(self.results_mutated(), self.reference_mutated, tol)
         return {'match': all(c.get('match') for c in checks.values()), 'checks': checks}
 
-    def calls(self, m: int, sets: list[InputSet] | None = None) -> None:
-        """m eager calls, call j on set j % n_sets (of placement 0, or of `sets`)."""
+    def calls(self, m: int, sets: list[InputSet] | None = None, keep: int | None = None) -> None:
+        """m eager calls, call j on set j % n_sets (of placement 0, or of `sets`); with `keep`, the
+        results of call number `keep` copied into `kept` right after it returns, before the next
+        call: inside the timed window, since a call outside it is one the op could tell apart."""
         sets = sets or self.sets
         for j in range(m):
-            self.call(sets[j % len(sets)])
+            s = sets[j % len(sets)]
+            out = self.call(s)
+            if j == keep:
+                self._keep({s.index: self.named(s, out)})
 
-    def k_calls(self, sets: list[InputSet] | None = None) -> None:
-        self.calls(self.k, sets)
+    def k_calls(self, sets: list[InputSet] | None = None, keep: int | None = None) -> None:
+        self.calls(self.k, sets, keep)
+
+    def _keep(self, by_set: dict) -> None:
+        """Copies of a timed call's results ({set index: {name: tensor}}) into `kept`."""
+        t0 = timing.now()
+        self.kept = {f's{i}:{name}': t.detach().clone() for i, d in by_set.items() for name, t in d.items()}
+        self.keep_s = timing.now() - t0
 
     # -- placements ---------------------------------------------------------------------------------
 
@@ -302,7 +318,6 @@ class BuiltCell:
                 if self.timer == 'cuda_graph':
                     graph, static = self._capture(self.k, sets, flush=self.l2 == 'cold')
                     self._prove(graph, static, sets)
-                    del static
                 else:
                     self.calls(max(3, self.n_sets), sets)
             except torch.cuda.OutOfMemoryError:
@@ -311,6 +326,7 @@ class BuiltCell:
                 torch.cuda.empty_cache()
                 break  # fewer placements, not a failed cell (the reply says how many were built)
             self.extra.append((sets, graph))
+            self.extra_static.append(static if graph is not None else {})
         self._sync()
 
     def placement(self, i: int) -> tuple[list[InputSet], object]:
@@ -318,29 +334,48 @@ class BuiltCell:
         i %= 1 + len(self.extra)
         return (self.sets, self.graph) if i == 0 else self.extra[i - 1]
 
+    def placement_static(self, i: int) -> dict:
+        """The output tensors of placement i's graph ({set index: {name: tensor}}; {} without one)."""
+        i %= 1 + len(self.extra)
+        return (self.static or {}) if i == 0 else self.extra_static[i - 1]
+
     def _sync(self) -> None:
         if self.is_cuda:
             timing.device_sync()
 
     # -- timing -------------------------------------------------------------------------------------
 
-    def sample(self, placement: int = 0) -> tuple[float, float]:
+    def sample(self, placement: int = 0, keep: int | None = None) -> tuple[float, float]:
         """(per-call device ms, per-call host wall ms) of one sample of k calls on a placement, in
         the cell's L2 state (bench/model.L2_STATES): rotate and hot, the L2 flushed before the
-        sample (rotate) or not (hot), then k calls between two events; cold, see `_cold_sample`."""
-        sets, graph = self.placement(placement)
-        if self.l2 == 'cold':
-            return self._cold_sample(sets, graph)
-        if not self.is_cuda:
-            ms = timing.cpu_time_ms(lambda: self.k_calls(sets))
-            return ms / self.k, ms / self.k
-        if self.l2 != 'hot':
-            self.w.flush_l2()  # outside the events
-        fn = (lambda: timing.replay(graph)) if self.timer == 'cuda_graph' else (lambda: self.k_calls(sets))
-        dev, wall = timing.cuda_time_ms(fn)
-        return dev / self.k, wall / self.k
+        sample (rotate) or not (hot), then k calls between two events; cold, see `_cold_sample`.
 
-    def _cold_sample(self, sets: list[InputSet], graph) -> tuple[float, float]:
+        With `keep` (a call index the session drew, 0 <= keep < k) this sample's results stay in
+        `kept`: under the eager and CPU timers those of timed call number `keep`, copied as it
+        returns; under the graph timer what this replay left in the graph's output tensors, copied
+        after the events and before any other replay overwrites it (`keep` only says to copy)."""
+        sets, graph = self.placement(placement)
+        if keep is not None:
+            keep, self.kept = int(keep) % self.k, None
+        if self.l2 == 'cold':
+            times = self._cold_sample(sets, graph, keep)
+        elif not self.is_cuda:
+            ms = timing.cpu_time_ms(lambda: self.k_calls(sets, keep))
+            times = ms / self.k, ms / self.k
+        else:
+            if self.l2 != 'hot':
+                self.w.flush_l2()  # outside the events
+            fn = (lambda: timing.replay(graph)) if self.timer == 'cuda_graph' else (lambda: self.k_calls(sets, keep))
+            dev, wall = timing.cuda_time_ms(fn)
+            times = dev / self.k, wall / self.k
+        if keep is not None and self.timer == 'cuda_graph':
+            t0 = timing.now()
+            self._keep(self.placement_static(placement))
+            self._sync()
+            self.keep_s = timing.now() - t0
+        return times
+
+    def _cold_sample(self, sets: list[InputSet], graph, keep: int | None = None) -> tuple[float, float]:
         """k calls, each after an L2 flush, the flushes' time not counted. Under the graph timer
         the graph holds k (flush, call) pairs, so the GPU runs them back to back, and the time of
         `flush_graph` (k flushes alone), taken right after, is subtracted from both the device and
@@ -352,12 +387,13 @@ class BuiltCell:
             fdev, fwall = timing.cuda_time_ms(lambda: timing.replay(self.flush_graph))
             return (dev - fdev) / self.k, (wall - fwall) / self.k
         dev = wall = 0.0
-        for _ in range(self.k):
+        for j in range(self.k):
             self.w.flush_l2()
+            one = functools.partial(self.calls, 1, sets, 0 if j == keep else None)
             if self.is_cuda:
-                d, w = timing.cuda_time_ms(lambda: self.calls(1, sets))
+                d, w = timing.cuda_time_ms(one)
             else:
-                d = w = timing.cpu_time_ms(lambda: self.calls(1, sets))
+                d = w = timing.cpu_time_ms(one)
             dev, wall = dev + d, wall + w
         return dev / self.k, wall / self.k
 

@@ -4,7 +4,7 @@ One side's results reach the other either as a file (`save_dump`/`load_dump`: an
 a GPU, as CUDA IPC handles (`share`/`open_shared`): the other process maps the same device memory,
 and nothing is copied to the host. On the H200 the file cost up to 2.7 s a side on the largest fwdbwd
 cells (about 1 GB of outputs and gradients by their shapes), twice a cell: 36 s of a warm 12-cell
-verify, against 0.6 s with the handles (docs/BENCHMARKS.md, seventh session).
+verify, against 0.6 s with the handles (docs/lab/2026-11-30-h200.md, R7).
 """
 
 from __future__ import annotations

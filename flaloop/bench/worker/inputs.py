@@ -105,6 +105,9 @@ class CellSpec:
             raise ValueError(f'dtype must be one of {list(VALID_DTYPES)}, got {dtype_name!r}')
         self.dtype = getattr(torch, dtype_name)
         self.seed = int(spec.get('seed', 0))
+        # a measuring round's own draw (the session picks it per round, the same for both sides):
+        # other values of the same domain in every round; '' is the warm-up's draw
+        self.draw = str(spec.get('draw') or '')
         self.overrides = dict(spec.get('inputs') or {})
         self.seqlens = spec.get('seqlens')
         self.shape = dict(spec.get('shape') or {})
@@ -181,7 +184,7 @@ class CellSpec:
         cfg = self.cfg
         B, T, H, D, extra = self.dims()
         gen = torch.Generator(device=device)
-        gen.manual_seed(derive_seed(self.seed, index))
+        gen.manual_seed(derive_seed(self.seed, index, self.draw))
         inputs = {}
         for name, spec in cfg.inputs.items():
             shape = tuple(int(x) for x in spec.shape_fn(B, T, H, D, **extra))
@@ -201,7 +204,8 @@ class CellSpec:
                 t = t.requires_grad_(True)
             inputs[name] = t
         if cfg.post_init is not None:
-            torch.manual_seed(derive_seed(self.seed, index, 'post_init'))  # post_init may use the global RNG
+            # post_init may use the global RNG
+            torch.manual_seed(derive_seed(self.seed, index, 'post_init' + (f':{self.draw}' if self.draw else '')))
             cfg.post_init(inputs, B=B, T=T, H=H, D=D, **extra)
         kwargs = {**inputs, **(cfg.extra_kwargs or {}), **varlen_kw}
         leaves = []

@@ -110,7 +110,7 @@ class WorkerServer:
         self.import_s = time.perf_counter() - t0
         # What the imports built lives as long as the process: later collections (each `release`
         # runs one) skip it. On the H200 a warm 12-cell verify waited 9.3 s on releases before
-        # this, 0.3-0.5 s after (docs/BENCHMARKS.md, seventh session).
+        # this, 0.3-0.5 s after (docs/lab/2026-11-30-h200.md, R7).
         gc.freeze()
 
     # -- dispatch ---------------------------------------------------------------------------------------
@@ -220,13 +220,19 @@ class WorkerServer:
         n = int(req.get('n', 1))
         self.watch.check()
         placement = int(req.get('placement', 0))
+        # "keep": a call index the session drew; the first sample's results of that call stay for
+        # `dump`/`compare` with "kept" (BuiltCell.sample)
+        keep = req.get('keep')
         dev, wall = [], []
-        for _ in range(n):
-            d, w = cell.sample(placement)
+        for i in range(n):
+            d, w = cell.sample(placement, keep=int(keep) if keep is not None and i == 0 else None)
             dev.append(d)
             wall.append(w)
         self.watch.check()
-        return {'cell': cell.id, 'timer': cell.timer, 'k': cell.k, 'times_ms': dev, 'wall_ms': wall}
+        reply = {'cell': cell.id, 'timer': cell.timer, 'k': cell.k, 'times_ms': dev, 'wall_ms': wall}
+        if keep is not None:
+            reply['kept'], reply['keep_s'] = sorted(cell.kept or {}), cell.keep_s
+        return reply
 
     def cmd_selfcheck(self, req: dict) -> dict:
         """The cell's self-check after its timed samples (BuiltCell.self_check)."""
@@ -253,7 +259,10 @@ class WorkerServer:
     @staticmethod
     def _results(cell: BuiltCell, req: dict) -> dict:
         """Set 0's results, or with "mutated" its results on inputs changed in place (the guard's
-        mutation probe: a candidate that caches by pointer returns stale values there)."""
+        mutation probe: a candidate that caches by pointer returns stale values there), or with
+        "kept" what a timed call left (no call here)."""
+        if req.get('kept'):
+            return _kept(cell)
         if req.get('mutated'):
             return cell.results_mutated()
         return {k: v.detach() for k, v in cell.results(cell.sets[0]).items()}
@@ -298,9 +307,16 @@ class WorkerServer:
                 return {'cell': cell.id, 'shared_error': short_error(e)}
         else:
             ref = load_dump(req['ref'])
+        tol = float(req.get('tol', 1e-3))
+        if req.get('kept'):  # the other side's timed call ("ref" or "shared") judged against mine
+            try:
+                out = compare_kept(ref, _kept(cell), tol)
+            finally:
+                del ref
+            return {'cell': cell.id, **out, 'seconds': time.perf_counter() - t0}
         mine = load_dump(req['subject']) if req.get('subject') else self._results(cell, req)
         try:
-            out = compare_results(mine, ref, float(req.get('tol', 1e-3)))
+            out = compare_results(mine, ref, tol)
         finally:
             del ref  # unmaps the other side's memory
         return {'cell': cell.id, **out, 'seconds': time.perf_counter() - t0}
@@ -321,8 +337,8 @@ class WorkerServer:
         cell = self.cells.pop(cid, None)
         if cell is None:
             return False
-        cell.graph = cell.static = None
-        cell.sets, cell.extra = [], []
+        cell.graph = cell.static = cell.kept = None
+        cell.sets, cell.extra, cell.extra_static = [], [], []
         del cell
         self.after_error()
         return True
@@ -332,6 +348,23 @@ class WorkerServer:
         if isinstance(cid, dict):
             cid = cid.get('id')
         return {'cell': cid, 'released': self._release(str(cid))}
+
+
+def _kept(cell: BuiltCell) -> dict:
+    if not cell.kept:
+        raise ValueError(f'cell {cell.id}: no timed call was kept (a "sample" with "keep" comes first)')
+    return cell.kept
+
+
+def compare_kept(theirs: dict, mine: dict, tol: float) -> dict:
+    """The other side's kept timed call against mine, on the input sets it kept ('s<i>:' names): a
+    graph keeps every set's outputs, an eager call one set's. Nothing kept is no match."""
+    sets = {name.split(':', 1)[0] for name in theirs}
+    out = compare_results(theirs, {n: t for n, t in mine.items() if n.split(':', 1)[0] in sets}, tol)
+    if not theirs:
+        out['match'] = False
+    out['sets'] = sorted(sets)
+    return out
 
 
 def parse_args(argv):
