@@ -148,7 +148,7 @@ class BenchConfig:
     # Fork workers from a warm server that imported the target's third-party libraries once
     # (bench/forkservers.py): on the H200 FLA's import took 1.9 s in a forked worker, 10-17 s in a spawned one.
     forkserver: bool = opt(True, "Fork the workers from a warm server that imported the target's third-party "
-                                 "libraries once (idle exit after FLALOOP_FORKSERVER_IDLE_S, default 1200 s; "
+                                 "libraries once (idle exit after FLALOOP_FORKSERVER_IDLE_S, default 300 s; "
                                  "`flaloop clean` stops it).")
     # "lean": the op module's parent packages run their __init__ only when asked for a name (FLA's
     # fla/__init__.py imports fla.layers, fla.models and transformers, which the op never needs).

@@ -176,8 +176,9 @@ def print_bench(record: RunRecord, console: Console) -> None:
     if record.unverified and last:
         state = "GREEN" if last["green"] else "RED"
         scope = " (signal only, -k)" if last["signal_only"] else ""
+        by = f", by {last['reused_from']}" if str(last.get("reused_from") or "").startswith("iteration") else ""
         console.print(f"gate: not run by this command; the last gate of this exact tree state was {state}{scope} "
-                      f"({last['started']})")
+                      f"({last['started']}{by})")
     elif record.unverified:
         console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark "
                       "(`flaloop verify` runs the gate first)[/]", markup=True)
