@@ -25,11 +25,15 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   profile   `flaloop profile --ncu` on one cell (both Nsight Compute collections)
   report    `flaloop report` of the loop, copied to OUT/report (docs/examples/ material)
   selftest  the GPU-marked tests (pytest -m gpu)
+  redteam   the red-team corpus's GPU entries (pytest -m gpu tests/redteam)
   sweep     `flaloop sweep` of three candidates (honest, neutral, guard-blocked), then `iter --from-sweep`
   integrity a bench beside another process's load (marked contended; --exclusive refuses), FLA's
             fix #988 undone (bench alone must block it on a shape it does not time), the guard's cost
   timed     the timed-call check's cost (share of a warm A/A) and a plant wrong only on the graph's
             replays after its proof (blocked by timed-call-differs alone), on FLA and (the GPU test) minifla
+  replay    the test's own calls recorded by the gate at the base and replayed (a forged gate with a
+            wrong kernel blocked at verify), the op's options nobody calls (an initial state halved
+            blocked by bench), and what both cost an A/A, cold and warm
   l2        `bench --aa --l2 both`: hot and cold cells each within 0.25%, the flush's cost, cold / hot
   timer-load an A/A, a comment-only candidate and a patched-timer cheat alone, beside each other and
             beside a training loop: no honest bench blocked, the cheat blocked under every load; alone,
@@ -88,6 +92,7 @@ from suites_measure import (
     suite_verify,
 )
 from suites_model import suite_model
+from suites_replay import suite_replay
 from suites_survey import suite_survey
 from suites_sweep import suite_sweep
 from suites_timed import suite_timed
@@ -96,6 +101,7 @@ from suites_tools import (
     suite_guard,
     suite_loop,
     suite_profile,
+    suite_redteam,
     suite_report,
     suite_selftest,
     suite_smoke,
@@ -107,7 +113,8 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
           "timer-load": suite_timer_load,
           "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "timed": suite_timed,
-          "declared": suite_declared, "model": suite_model}
+          "declared": suite_declared, "model": suite_model,
+          "redteam": suite_redteam, "replay": suite_replay}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.
@@ -132,6 +139,8 @@ VERIFY_ONLY = [[["machine", "verify"]]]
 GOALS_PLAN = [[["machine", "gate"]], [["cycle"]], [["verify"]], [["slowdown"]]]
 PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY, "h200-verify-only": VERIFY_ONLY,
          "h200-goals": GOALS_PLAN,
+         # issue 36 on one GPU: the test's own calls recorded at the base and replayed, the options nobody calls
+         "h200-replay": [[["machine", "replay"]]],
          # issue 21 on one GPU: the sweep of three candidates and `iter --from-sweep` (the new code),
          # then the 12-cell A/A and the planted slowdown on the redesigned bench
          "h200-sweep": [[["machine", "sweep"]], [["aa"]]],
@@ -152,6 +161,8 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          "h200-timed": [[["machine", "timed"]]],
          # issue 37 on one GPU: honest benches and a timer cheat alone, beside each other, beside training
          "h200-timer-load": [[["machine", "timer-load"]]],
+         # issue 37 on one GPU: no honest block under load, then the red-team corpus's GPU entries
+         "h200-load-redteam": [[["machine", "timer-load", "redteam"]]],
          # issue 24: FLA's Gluon backend of fused_attnres through the loop, then Triton against Gluon
          "h200-gluon": [[["machine", "gluon"]]],
          # issue 24: FLA's TileLang backend of parallel_attn the same way; its wheels staged first

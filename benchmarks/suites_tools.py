@@ -225,6 +225,16 @@ def suite_selftest(ctx: Ctx) -> None:
         ctx.out / "selftest" / "pytest", env=ctx.env(gpus=ctx.gpus[:1]), flaloop=False, timeout=600)
 
 
+def suite_redteam(ctx: Ctx) -> None:
+    """The red-team corpus's GPU entries (tests/redteam, `-m gpu`): each plants its cheat in minifla or in a
+    copy of `.fla` and runs the layer that must stop it. TRITON_INTERPRET is left unset: real kernels."""
+    env = {k: v for k, v in ctx.env(gpus=ctx.gpus[:1]).items() if k != "TRITON_INTERPRET"}
+    code, wall, _ = run(ctx, [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/redteam", "-p", "no:cacheprovider"],
+                        ctx.out / "redteam" / "pytest", env=env, flaloop=False, timeout=600)
+    goal("red-team corpus on the GPU", code == 0, f"pytest -m gpu tests/redteam: exit {code} in {wall:.1f}s "
+         "(output in redteam/pytest.*)")
+
+
 def suite_smoke(ctx: Ctx) -> None:
     """A first look at a new machine: the GPU tests, one FLA cell A/A (fork server, probes, roofline) and
     the patched-timer cheat on that cell; ncu's version."""

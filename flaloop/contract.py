@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import datetime as _dt
+import difflib
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from flaloop import __version__, fsutil, git, opcalls
 from flaloop.bench.model import L2_MODES, L2_WORDS, MODES
-from flaloop.errors import UsageError
+from flaloop.errors import FlaloopError, UsageError
 from flaloop.target import CONFIG_FILE, OpSpec, Target, argument_names, run_query
 
 SCHEMA = 1
@@ -93,9 +94,9 @@ class Contract:
         path = cls.path(target, op)
         rel = path.relative_to(target.root)
         if not path.exists():
-            raise UsageError(f"no task contract for {op!r} in {target.root}",
-                             f"run `flaloop init {op}` first: every command needs the contract")
-        redo = f"restore it, or write a new one with `flaloop init {op} --force` (add --base REF for another base)"
+            raise no_contract(target, op)
+        redo = (f"restore it, or write a new one with `flaloop init {op} --force --keep-base` (the loop goes on at its "
+                f"base; `--new-loop --base REF` starts a new loop at another base)")
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -486,3 +487,21 @@ def write(target: Target, contract: Contract, force: bool) -> tuple[Path, Path]:
     fsutil.atomic_write_text(dpath, render_draft(contract))
     contract.save(target)
     return cpath, dpath
+
+
+def no_contract(target: Target, op: str) -> UsageError:
+    """The error for an op without a contract. A name that is no op of the target (a typo) gets the
+    close names among its ops and contracts, never the advice to write a contract for the typo."""
+    contracts = sorted(p.parent.name[: -len("-opt")] for p in target.workspace(op).parent.glob("*-opt/contract.json"))
+    try:
+        ops = [s.name for s in target.ops()]
+    except FlaloopError:  # a registry that cannot be read: the contracts are all there is to go by
+        ops = []
+    if op not in ops and (ops or contracts):
+        close = difflib.get_close_matches(op, list(dict.fromkeys(ops + contracts)), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}?" if close else "`flaloop list` names the ops"
+        if contracts:
+            hint += f" (ops with a contract: {', '.join(contracts)})"
+        return UsageError(f"unknown op {op!r} in {target.root}: no op and no task contract by that name", hint)
+    return UsageError(f"no task contract for {op!r} in {target.root}",
+                      f"run `flaloop init {op}` first: every command needs the contract")

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flaloop import fsutil, git, procs
+from flaloop import fsutil, git, procs, testcalls
 from flaloop.contract import Contract, changed_frozen
 from flaloop.errors import UsageError
 from flaloop.target import Target
@@ -187,9 +187,11 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                package: str, watch: tuple[str, ...], log_path: Path,
                progress: Progress | None = None, timeout: float | None = None,
                collect_only: bool = False, workers: int = 0, gpus: list[str] | None = None,
-               cancel: threading.Event | None = None, node_ids: list[str] | None = None) -> PytestRun:
+               cancel: threading.Event | None = None, node_ids: list[str] | None = None,
+               callrec: Path | None = None) -> PytestRun:
     """Run the test file of `tree` via a neutral symlink (or, with `node_ids`, those tests of it);
-    collect junit, events and the log."""
+    collect junit, events and the log. With `callrec` (a directory), the test's calls into the
+    package are recorded there (scripts/flaloop_callrec.py; only a run at the base is asked to)."""
     tmp = git.neutral_tempdir("flaloop-gate-")
     try:
         link = tmp / "tree"
@@ -199,6 +201,8 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
         cmd = [python, "-m", "pytest", *targets, f"--rootdir={link}", "-p", "flaloop_gate_plugin",
                "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit2", "-rfEs",
                "--color=no"]
+        if callrec is not None and not collect_only:
+            cmd[cmd.index("no:cacheprovider") + 1:cmd.index("no:cacheprovider") + 1] = ["-p", "flaloop_callrec"]
         if k_expr:
             cmd += ["-k", k_expr]
         if collect_only:
@@ -213,6 +217,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                    "FLALOOP_GATE_PACKAGE": package, "FLALOOP_GATE_WATCH_ENV": ",".join(watch),
                    "PYTHONUNBUFFERED": "1", "FLALOOP_GATE_MARKER_SKIPS": "1" if collect_only else "0",
                    "FLALOOP_GATE_GPUS": ",".join(gpus or []),
+                   **({"FLALOOP_CALLREC_DIR": str(callrec)} if callrec is not None and not collect_only else {}),
                    # pytest cuts its `FAILED id - reason` lines at the terminal width
                    "COLUMNS": "400"}
         try:
@@ -458,7 +463,7 @@ def xdist_workers(n_gpus: int, sharing: int = 1) -> int:
 def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, env: dict[str, str],
                         watch: tuple[str, ...], log_path: Path, progress, baseline_progress,
                         timeout: float | None, workers: int, gpus: list[str] | None,
-                        cancel: threading.Event | None = None) -> tuple[dict, PytestRun]:
+                        cancel: threading.Event | None = None, callrec: Path | None = None) -> tuple[dict, PytestRun]:
     """The base's collected ids and the candidate's run. A baseline cached for this base commit is
     read first, and no more xdist workers start than it has tests; an uncached one (a collect-only
     run at the base: a torch import and a collection, 20 s for FLA on the H200) runs beside the
@@ -468,7 +473,7 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
     def candidate(n: int, cancel: threading.Event | None = None) -> PytestRun:
         return run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env, package=package,
                           watch=watch, log_path=log_path, progress=progress, timeout=timeout, workers=n, gpus=gpus,
-                          cancel=cancel)
+                          cancel=cancel, callrec=callrec)
 
     base = _cached_baseline(target, contract, k_expr, "collect")
     if base is not None:
@@ -544,8 +549,20 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
     if not findings:  # a frozen edit is red already; don't spend minutes of GPU on it
         target.require_test_file(contract.op, contract.test_file)
         log_path = _claim_log(ws / "gate", stamp)
-        base, run = _base_and_candidate(target, contract, k_expr, env, watch, log_path, progress,
-                                        baseline_progress, timeout, workers, gpus, cancel)
+        # the tree is the base itself: the test's own calls are recorded for the bench to replay
+        at_base = tree.get("head") == contract.base_commit and not tree.get("dirty") and not k_expr
+        callrec = Path(git.neutral_tempdir("flaloop-callrec-")) if at_base else None
+        try:
+            base, run = _base_and_candidate(target, contract, k_expr, env, watch, log_path, progress,
+                                            baseline_progress, timeout, workers, gpus, cancel, callrec)
+            if callrec is not None and run.exit_code == 0:
+                # stored even when empty: the bench then says the test made no call it could replay
+                doc = testcalls.collect(callrec, contract.import_path.split(".")[0]) or \
+                    testcalls.merge([], contract.import_path.split(".")[0])
+                testcalls.store(ws, doc, base_commit=contract.base_commit, test_file=contract.test_file)
+        finally:
+            if callrec is not None:
+                shutil.rmtree(callrec, ignore_errors=True)
         if workers and run.exit_code == 4 and "-n" in run.log_tail and "unrecognized" in run.log_tail:
             raise UsageError(f"--workers needs pytest-xdist in the target's Python ({target.python})",
                              "install pytest-xdist there, or drop --workers")

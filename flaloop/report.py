@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from flaloop import contract as contract_mod
 from flaloop import evidence, explain, git, roofline
 from flaloop import sanitize as sanitize_mod
 from flaloop.bench import record as record_mod
@@ -179,7 +180,9 @@ def pick_record(claim: Claim, records: list[RunRecord]) -> tuple[RunRecord | Non
     """The claim's loop iteration's own record, else the newest non-A/A record of the claim's tree
     state; for a no-go, the baseline's own A/A, else the newest record of the baseline, A/A allowed.
     A loop claims code: a record whose candidate ran in another environment (`bench --cand-env`, a
-    backend switched on the same tree) answered another question and is not the loop's."""
+    backend switched on the same tree) answered another question and is not the loop's. Among
+    several, an interrupted record, or one with a cell left unmeasured, stands only where no
+    complete one does (`newest`)."""
     def matches(r: RunRecord) -> bool:
         if claim.source == "loop" and r.config.cand_env:
             return False
@@ -196,21 +199,43 @@ def pick_record(claim: Claim, records: list[RunRecord]) -> tuple[RunRecord | Non
         return own[-1], []
     if claim.no_go:
         mine = [r for r in records if matches(r) or (r.aa and not r.config.cand_env and r.base.commit == claim.commit)]
-        return (mine[-1] if mine else None), []
+        return newest(mine), []
     mine = [r for r in records if not r.aa and matches(r)]
     if mine:
-        return mine[-1], []
+        return newest(mine), []
     others = [r for r in records if not r.aa]
     if not others:
         raise UsageError(f"no bench record under {claim.source == 'loop' and 'the loop' or 'profile/'}: nothing to report",
                          "run `flaloop verify OP` (gate, then the paired bench) first")
-    newest = others[-1]
+    newest_other = newest(others)
     want = describe_state(claim.states[0]) if claim.states else "?"
-    return newest, [Refusal(
+    return newest_other, [Refusal(
         "commit_mismatch",
         f"no bench record of the claim's tree state {want} ({claim.source}); the newest record "
-        f"({Path(newest.path).parent.name}) measured {describe_state(_candidate_state(newest))}",
+        f"({Path(newest_other.path).parent.name}) measured {describe_state(_candidate_state(newest_other))}",
         "bench the state you claim: `flaloop verify OP` on that tree (or commit what you measured)")]
+
+
+def completeness(r: RunRecord) -> int:
+    """2: every cell measured, nothing interrupted; 1: some cell measured; 0: an interrupted run or
+    one that measured nothing."""
+    if r.interrupted or not r.measured:
+        return 0
+    return 2 if len(r.measured) == len(r.cells) else 1
+
+
+def newest(records: list[RunRecord]) -> RunRecord | None:
+    """The newest of the most complete records (records come oldest first)."""
+    if not records:
+        return None
+    best = max(completeness(r) for r in records)
+    return [r for r in records if completeness(r) == best][-1]
+
+
+def skipped_newer(records: list[RunRecord], chosen: RunRecord) -> list[str]:
+    """The records newer than the one a report stands on that it passed over for being less complete."""
+    later = records[next((i for i, r in enumerate(records) if r is chosen), len(records)) + 1:]
+    return [r.path for r in later if completeness(r) < completeness(chosen)]
 
 
 def _same_path(record_path: str, ref: str) -> bool:
@@ -476,7 +501,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     ws = target.workspace(op)
     contract = _read_json(ws / "contract.json")
     if contract is None:
-        raise UsageError(f"no task contract for {op!r} in {target.root}", f"run `flaloop init {op}` first")
+        raise contract_mod.no_contract(target, op)
     records, iterations = load_records(ws), load_iterations(ws)
     claim = find_claim(target.root, iterations)
     record, refusals = pick_record(claim, records)
@@ -552,7 +577,9 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
                                                    "ceilings": ceilings.to_dict() if ceilings else None},
         "profile": profile, "explanation": explanation, "sanitizer": sanitized, "guard": guard, "model": in_model,
         "trajectory": trajectory(iterations), "opt_log": str(ws / "OPT_LOG.md") if (ws / "OPT_LOG.md").exists() else None,
-        "records": {"claim": record.path, "aa": aa["record"] if aa else None,
+        "records": {"claim": record.path, "claim_complete": ("complete", "partial", "interrupted or empty")[
+                        2 - completeness(record)], "skipped": skipped_newer(records, record),
+                    "aa": aa["record"] if aa else None,
                     "profile": profile["_path"] if profile else None,
                     "explanation": explanation["_path"] if explanation else None,
                     "sanitizer": sanitized.get("path") if sanitized else None,

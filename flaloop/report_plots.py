@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 VERDICT_COLORS = {"FASTER": "#1a7f37", "SLOWER": "#cf222e", "SAME": "#57606a", "UNSURE": "#bf8700"}
-STATUS_COLORS = {"baseline": "#57606a", "keep": "#1a7f37", "revert": "#cf222e", "drop": "#cf222e",
+# one colour per status (a revert is measured and slower; a drop broke a rule and may have no figure)
+STATUS_COLORS = {"baseline": "#57606a", "keep": "#1a7f37", "revert": "#bc4c00", "drop": "#cf222e",
                  "noise": "#bf8700", "signal": "#0969da"}
 
 
@@ -46,30 +47,55 @@ def speedup_plot(doc: dict, path: Path) -> Path | None:
 
 
 def times_plot(doc: dict, path: Path) -> Path | None:
+    return _save(times_figure(doc), path)
+
+
+def _save(fig, path: Path) -> Path | None:
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return path
+
+
+def times_figure(doc: dict):
+    """Base and candidate per cell on a linear axis from 0 (a log axis, or one that starts near the
+    bars' ends, makes a 1.45x win look like 10x), each candidate bar labelled with its speedup."""
     rows = [r for r in doc["cells"] if (r["device"]["base"] or {}).get("median")]
     if not rows:
         return None
     plt = _plt()
     series = [("base device", "device", "base", "#8c959f"), ("cand device", "device", "cand", "#1a7f37"),
               ("base eager", "eager", "base", "#d0d7de"), ("cand eager", "eager", "cand", "#7ee2a8")]
-    fig, ax = plt.subplots(figsize=(8, 0.9 * len(rows) + 1.6))
-    h = 0.2
+    series = [s for s in series if any((r[s[1]][s[2]] or {}).get("median") for r in rows)]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) * len(series) + 1.8), layout="constrained")
+    h = 0.8 / len(series)
+    top = 0.0
     for i, (label, key, side, color) in enumerate(series):
-        ys = [len(rows) - 1 - j + (1.5 - i) * h for j in range(len(rows))]
+        ys = [len(rows) - 1 - j + ((len(series) - 1) / 2 - i) * h for j in range(len(rows))]
         xs = [((r[key][side] or {}).get("median") or 0.0) for r in rows]
+        top = max(top, *xs)
         ax.barh(ys, xs, height=h, color=color, label=label)
+        if side == "cand":
+            for y, x, r in zip(ys, xs, rows, strict=True):
+                base = (r[key]["base"] or {}).get("median")
+                if x and base:
+                    ax.text(x, y, f" {base / x:.2f}x", va="center", fontsize=7)
     ax.set_yticks(range(len(rows))[::-1], [r["id"] for r in rows])
-    ax.set_xscale("log")
-    ax.set_xlabel("ms per call (median)")
-    ax.set_title(f"{doc['op']}: device time vs eager latency")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    ax.set_xlim(0, top * 1.18)  # from 0: bar lengths compare as the times do; room for the labels
+    ax.set_xlabel("ms per call (median); labels: base / candidate")
+    ax.set_title(f"{doc['op']}: device time and eager latency per cell")
+    ax.grid(axis="x", alpha=0.3)
+    # below the axis label, laid out with it: never over a bar or the label
+    fig.legend(loc="outside lower center", ncol=len(series), fontsize=8, frameon=False)
+    return fig
 
 
 def trajectory_plot(doc: dict, path: Path) -> Path | None:
+    return _save(trajectory_figure(doc), path)
+
+
+def trajectory_figure(doc: dict):
     rows = doc["trajectory"]
     if not rows:
         return None
@@ -86,6 +112,8 @@ def trajectory_plot(doc: dict, path: Path) -> Path | None:
                         fmt="o", color=c, capsize=3)
             if t["status"] in ("keep", "baseline"):
                 best = max(best, t["speedup"]) if t["status"] == "keep" else best
+        elif t["status"] != "baseline":  # no figure (a red gate, a blocked bench): a cross on the 1.0 line
+            ax.plot([x], [1.0], "x", color=STATUS_COLORS.get(t["status"], "#57606a"), ms=8, mew=2)
         best_x.append(x)
         best_y.append(best)
     ax.step(best_x, best_y, where="post", color="#1a7f37", lw=1, label="best kept")
@@ -96,18 +124,18 @@ def trajectory_plot(doc: dict, path: Path) -> Path | None:
     for status, c in STATUS_COLORS.items():
         if any(t["status"] == status for t in rows):
             ax.plot([], [], "o", color=c, label=status)
+    if any(not t["speedup"] and t["status"] != "baseline" for t in rows):
+        ax.plot([], [], "x", color="#57606a", mew=2, label="no figure (gate red or blocked)")
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel("geomean speedup vs base (95% CI)")
     ax.set_title(f"{doc['op']}: optimization trajectory")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside, never on a point
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def model_plot(doc: dict, path: Path) -> Path | None:

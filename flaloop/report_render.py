@@ -107,6 +107,7 @@ def render_github(doc: dict) -> str:
     if geo:
         L.append(f"Geomean over {s['n_measured']} cell(s): **{_gh_geo(geo)}**, worst cell `{geo.get('worst_cell_id')}` "
                  f"{geo['worst_speedup']:.4f}x. Measured on {_device(doc['environment'])}.")
+    L += ["", _test_plan(doc)[0]]  # the gate the claim stands on: green, red, a -k subset, or none
     L += [""] + _gh_findings(doc["guard"]["findings"]) + ["", "</details>", ""]
     L.append(f"_From stored records by `flaloop report {doc['op']} --format github`; nothing was re-measured._")
     return "\n".join(L) + "\n"
@@ -264,7 +265,10 @@ def _reproduce(doc: dict) -> list[str]:
     out.append(f"- Base: `{m['base_commit']}`" + (f" (`{m['base_ref']}`)" if m["base_ref"] not in (None, m["base_commit"]) else ""))
     dirty = f" + uncommitted diff `{cand['diff_hash']}`" if cand.get("dirty") else ""
     out.append(f"- Candidate: `{cand.get('head')}`{dirty}; claim commit `{m['claim_commit']}`")
-    out.append(f"- Run record: `{_rel(doc, doc['records']['claim'])}`")
+    out.append(f"- Run record: `{_rel(doc, doc['records']['claim'])}`"
+               + (f" (newer interrupted or partial records not used: "
+                  f"{', '.join(f'`{_rel(doc, p)}`' for p in doc['records']['skipped'])})"
+                  if doc["records"].get("skipped") else ""))
     if doc["commands"].get("bench"):
         out.append(f"- The measurement was taken by `{doc['commands']['bench']}`")
     return out

@@ -196,6 +196,16 @@ def prepared_repo(tmp_path_factory) -> Path:
     assert r.code == 0, r.stderr
     r = flaloop(repo, "gate", OP, "--json")
     assert r.code == 0, r.stdout + r.stderr
+    # the test's calls this gate at the base recorded, kept beside the repo: a bench replays them
+    # only in a copy that asks for them (`with_test_calls`), so that other tests pay nothing for them
+    calls = repo / "profile" / f"{OP}-opt" / "gate" / "calls.json"
+    shutil.move(calls, repo.parent / "calls.json")
+    return repo
+
+
+def with_test_calls(prepared: Path, repo: Path) -> Path:
+    """`repo` (a copy of `prepared`) with the test's calls its gate recorded at the base."""
+    shutil.copy(prepared.parent / "calls.json", repo / "profile" / f"{OP}-opt" / "gate" / "calls.json")
     return repo
 
 

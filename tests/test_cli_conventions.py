@@ -178,3 +178,87 @@ def test_the_wheel_carries_the_example_and_the_skill(tmp_path):
                            text=True, env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()) == site / "flaloop" / "_example" / "minifla"
+
+
+def _help(name: str | None = None) -> str:
+    """A command's --help as the CLI prints it (the polished command tree `cli.main` builds), in-process."""
+    from flaloop.cli.help import polish
+
+    root = get_command(app)
+    polish(root)
+    ctx = root.context_class(root, info_name="flaloop", terminal_width=100)
+    if name is None:
+        return root.get_help(ctx)
+    cmd = root.commands[name]
+    return cmd.get_help(cmd.context_class(cmd, info_name=name, parent=ctx, terminal_width=100))
+
+
+def test_help_reads_like_git_and_pytest():
+    import re
+
+    root = _help()
+    heads = [root.index(h) for h in ("Set up:", "The loop:", "Measure and look closer:", "Housekeeping and agents:")]
+    assert heads == sorted(heads)
+    listed = re.findall(r"^  (\w+) ", root.split("Set up:")[1], re.M)
+    assert listed[:6] == ["list", "init", "gate", "audit", "baseline", "iter"] and listed[-1] == "demo"
+    for name in get_command(app).commands:
+        text = _help(name)
+        assert "Examples:\n" in text and f"flaloop {name}" in text.split("Examples:")[1], name
+        # metavars in capitals, never typer's Python types
+        assert not re.search(r"<(str|int|float|list\[\w+\]|path)>|\{[a-z_]+\}", text), (name, text)
+        assert "Common options:" in text and text.index("Common options:") > text.find("\nOptions:"), name
+    bench = _help("bench")
+    assert "Usage: flaloop bench [OPTIONS] OP\n" in bench and "--min-pairs N " in bench and "--margin X " in bench
+    assert bench.index("--aa") < bench.index("Measurement options:") < bench.index("--min-pairs")
+    gate = _help("gate")
+    assert "--workers N " in gate and "[default: 0]" not in gate  # its text says what the default is
+    assert "-k EXPR" in gate
+
+
+def test_a_mistyped_command_is_hinted_at_the_command_list():
+    r = run("bnech", OP, "--json")
+    assert r.returncode == 2
+    assert json.loads(r.stdout)["hint"] == "`flaloop --help` lists the commands"
+
+
+def test_an_interrupted_command_answers_with_a_hint_in_json(capsys):
+    import typer
+
+    from flaloop.cli.app import command
+
+    @command
+    def cut_short(as_json: bool = False) -> None:
+        exc = KeyboardInterrupt()
+        exc.record_path = "/w/runs/x/record.json"
+        raise exc
+
+    with pytest.raises(typer.Exit) as exit_:
+        cut_short(as_json=True)
+    assert exit_.value.exit_code == 130
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"] == "interrupted" and doc["record"] == "/w/runs/x/record.json"
+    assert "run the command again" in doc["hint"] and doc["record"] in doc["hint"]
+
+
+def test_sweep_progress_never_prints_none():
+    from types import SimpleNamespace
+
+    from flaloop.cli.sweep import _events
+
+    said = []
+
+    class Bar:
+        def add_task(self, description, **kw):
+            said.append(description)
+            return 0
+
+        def update(self, task, description=None, **kw):
+            said.append(description)
+
+    on_event = _events(Bar(), {"k": SimpleNamespace(ref="opt/c128", kind="candidate", op=OP)})
+    on_event("start", key="k", where=None)
+    on_event("retry", key="k", why=None)
+    on_event("done", key="k", status=None, verdict=None)
+    on_event("done", key="k", status="ok", verdict="FASTER")
+    assert said == ["opt/c128: queued", "opt/c128: started", "opt/c128: retried ()", "opt/c128: done",
+                    "opt/c128: ok FASTER"]

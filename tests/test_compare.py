@@ -80,6 +80,7 @@ def test_two_records_of_one_base_compare_with_intervals_and_a_slower_one_fails_c
     assert comment.startswith("<!-- flaloop-report -->") and comment == r.stdout.rstrip("\n") + "\n"
     assert f"<details><summary><b>{OP}</b>: regression" in comment and "</details>" in comment
     assert "| `B1_T64_H2_D32/fwd` | **SLOWER** |" in comment and "Guard: no findings." in comment
+    assert "\n- Gate: **" in comment  # the gate the claim stands on, whatever it was
 
 
 def test_fail_on_slower_fails_a_sweep_with_a_slower_candidate(repo):

@@ -217,3 +217,30 @@ def test_a_run_waits_for_a_starting_server_only_while_it_can_still_come(tmp_path
     assert time.monotonic() - t0 < 0.5
     marker.write_text(f"{dead.pid}\n")
     assert forkservers.starting(sys.executable, env, ["torch"]) is None
+
+
+def test_one_server_per_checkout_whatever_shell_started_it_and_clean_stops_only_its_own(tmp_path):
+    """The terminal's and the MCP server's environments differ in how output is drawn, not in what is
+    imported: one key. A checkout's new server replaces its old one; `clean` (stop_all with an
+    owner) stops that checkout's servers, never another's."""
+    env, preload = dict(os.environ), ["json"]
+    agent = {**env, "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "NO_COLOR": "1", "TERM": "dumb"}
+    assert forkservers.key(sys.executable, env, preload) == forkservers.key(sys.executable, agent, preload)
+    assert forkservers.idle_seconds() <= 300  # conftest's, and the default: a loop's pace, not 20 minutes
+
+    def started(e, owner):
+        path = forkservers.start(sys.executable, e, preload, owner=owner)
+        assert path is not None and wait_for(path.exists, 120)
+        conn = forkservers.ForkServer.connect(sys.executable, e, preload)
+        conn.close()
+        return conn.pid
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    first = started({**env, "SOME_SETTING": "1"}, a)
+    second = started({**env, "SOME_SETTING": "2"}, a)  # the same checkout: the older one goes
+    assert wait_for(lambda: not alive(first), 10) and alive(second)
+    other = started({**env, "SOME_SETTING": "1"}, b)  # another checkout's stays
+    assert alive(second) and alive(other)
+    assert forkservers.stop_all(owner=a) == 1 and wait_for(lambda: not alive(second), 10)
+    assert alive(other)
+    assert forkservers.stop_all(owner=b) == 1 and wait_for(lambda: not alive(other), 10)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import OP, ROOT, flaloop, make_repo
+from conftest import OP, ROOT, edit, flaloop, git, make_repo, make_toy_repo
 
 from flaloop import procs
 
@@ -20,7 +20,16 @@ pytest.importorskip("mcp")
 import anyio  # noqa: E402  (comes with mcp)
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 
-from flaloop.cli.agent import TOOLS  # noqa: E402
+from flaloop.cli import agent_tools  # noqa: E402
+from flaloop.cli.agent_tools import (  # noqa: E402
+    ENVELOPE,
+    EXCLUDED,
+    RESULT_BOUND,
+    compact,
+    size,
+    tool_names,
+    tool_specs,
+)
 
 QUICK = {"device": "cpu", "min_pairs": 4, "max_pairs": 8, "rounds": 1, "cell_seconds": 5, "sample_ms": 2}
 LONG = {"device": "cpu", "min_pairs": 400, "max_pairs": 400, "rounds": 1, "cell_seconds": 600, "sample_ms": 2}
@@ -60,55 +69,118 @@ class Progress:
             self.seen.set()
 
 
-def test_an_agent_lists_inits_and_benches_over_mcp(tmp_path):
-    repo = make_repo(tmp_path / "minifla")
+TOY = "toy_attn"
+FAST = Path("toyop/ops/toy/fast.py")
+SLEEP = "    import time; time.sleep(0.005)\n    scale = q.shape"  # the slow base: deterministic on a busy CPU
+WRONG = ("return o.to(q.dtype), None", "return (o * 1.5).to(q.dtype), None")
+TOY_QUICK = {**QUICK, "unseen_shapes": 0}
+
+
+def test_an_agent_runs_the_whole_loop_to_a_go_with_tool_calls_only(tmp_path):
+    """init, baseline, an honest change, a stall, reassess, stop --go, report: only tool calls, and
+    every result, text and structured, within RESULT_BOUND."""
+    repo = make_toy_repo(tmp_path / "toy")
+    edit(repo / FAST, "    scale = q.shape", SLEEP)
+    git(repo, "commit", "-qam", "a slow base")
+    sizes: dict[str, int] = {}
+
+    async def call(s, name: str, args: dict, progress=None) -> dict:
+        r = await s.call_tool(name, args, progress_callback=progress)
+        out = r.structured_content
+        text = r.content[0].text
+        assert json.loads(text) == out
+        sizes[name] = max(sizes.get(name, 0), len(text.encode()))
+        assert len(text.encode()) <= RESULT_BOUND, (name, len(text))
+        assert r.is_error == (out["exit_code"] not in (0, 1))
+        return out
 
     async def story() -> None:
         async with agent_session(repo) as s:
             tools = {t.name: t for t in (await s.list_tools()).tools}
-            assert list(tools) == list(TOOLS)
-            bench = tools["bench"].input_schema
-            assert bench["required"] == ["op"]
-            # the bench's options come from BenchConfig's declaration, typed
-            assert bench["properties"]["min_pairs"]["type"] == "integer"
-            assert bench["properties"]["min_pairs"]["default"] == 16
-            assert {"shapes", "modes", "cell_seconds", "device", "base", "quick", "repo"} <= set(bench["properties"])
-            assert "direction" in tools["iter"].input_schema["properties"]
-            assert tools["bench"].output_schema["required"] == ["exit_code", "meaning", "result"]
+            assert list(tools) == tool_names()
+            assert {"stop", "reassess", "explain", "compare", "clean", "sanitize", "trap", "dispatch", "header",
+                    "log"} <= set(tools)
+            init = tools["init"].input_schema["properties"]
+            assert {"target", "input", "max_iters", "detail"} <= set(init) and "target_speedup" not in init
+            assert tools["bench"].input_schema["properties"]["min_pairs"]["default"] == 16
+            assert "k" in tools["gate"].input_schema["properties"]
 
-            r = await s.call_tool("list", {})
-            assert r.structured_content["exit_code"] == 0, r.structured_content
-            assert OP in json.dumps(r.structured_content["result"])
+            out = await call(s, "list", {})
+            assert out["exit_code"] == 0 and out["meaning"].startswith("done: the target's ops")
+            assert TOY in json.dumps(out["result"])
 
-            r = await s.call_tool("init", {"op": OP, "shapes": ["B1_T64_H2_D32"], "modes": "fwd"})
-            assert r.structured_content["exit_code"] == 0, r.structured_content
-            assert r.structured_content["result"]["shapes"] == ["B1_T64_H2_D32"]
-            assert (repo / "profile" / f"{OP}-opt" / "contract.json").is_file()
+            # the CLI's parameter name misspelled: one sentence, a hint with the close name, nothing run
+            out = await call(s, "init", {"op": TOY, "target_speedup": "1.5x"})
+            assert out["exit_code"] == 2 and "\n" not in out["result"]["error"]
+            assert "target_speedup" in out["result"]["error"] and "did you mean target" in out["result"]["hint"]
+            assert "pydantic" not in json.dumps(out)
+            out = await call(s, "bench", {"op": TOY, "min_pairs": "many"})
+            assert out["exit_code"] == 2 and "min_pairs" in out["result"]["error"] and out["result"]["hint"]
+            assert not (repo / "profile").exists()
+
+            out = await call(s, "init", {"op": TOY, "shapes": ["B2_T64_H2_D16"], "modes": "fwd", "target": "1.5x"})
+            assert out["exit_code"] == 0 and out["result"]["target_speedup"] == 1.5, out
+            assert out["next"] == f"flaloop baseline {TOY}"
 
             progress = Progress()
-            r = await s.call_tool("bench", {"op": OP, **QUICK}, progress_callback=progress)
-            out = r.structured_content
-            assert out["exit_code"] == 0 and not r.is_error, out
-            assert out["meaning"].startswith("done")
-            assert [c["cell"]["shape_name"] + "/" + c["cell"]["mode"] for c in out["result"]["cells"]] \
-                == ["B1_T64_H2_D32/fwd"]
+            out = await call(s, "baseline", {"op": TOY, **TOY_QUICK}, progress)
+            assert out["exit_code"] == 0, out
+            assert out["meaning"] == "done: the baseline recorded" and out["next"].startswith("edit the kernel")
             messages = [m for _, m in progress.events]
             assert any("warm-up" in m for m in messages) and any("pairs" in m for m in messages), messages
-            counts = [p for p, _ in progress.events]
-            assert counts == sorted(set(counts))  # each notification says something new
-            assert worktrees(repo) == [str(repo)]
 
-            # a command's own refusal comes back as its result: exit 2 with the error and a hint
-            r = await s.call_tool("status", {"op": "chunk_linear_atn"})
-            assert r.structured_content["exit_code"] == 2 and r.is_error
-            assert r.structured_content["result"]["ok"] is False
-            assert "flaloop init" in r.structured_content["result"]["hint"]
-            # arguments the command does not take are refused before anything runs
-            r = await s.call_tool("bench", {"op": OP, "min_pairs": "many", "pairs": 3})
-            assert r.structured_content["exit_code"] == 2
-            assert "min_pairs" in r.structured_content["result"]["error"]
+            edit(repo / FAST, SLEEP, "    scale = q.shape")  # the honest change
+            out = await call(s, "iter", {"op": TOY, "direction": "drop the sleep", **TOY_QUICK})
+            assert out["exit_code"] == 0 and out["result"]["iteration"]["status"] == "keep", out
+            assert out["next"] == f"flaloop stop {TOY} --go"
+
+            for n in (1, 2, 3):  # red gates: dropped, reverted
+                edit(repo / FAST, *WRONG)
+                out = await call(s, "iter", {"op": TOY, "direction": f"wrong scale {n}", **TOY_QUICK})
+                assert out["exit_code"] == 1 and out["result"]["iteration"]["status"] == "drop", out
+            edit(repo / FAST, *WRONG)
+            out = await call(s, "iter", {"op": TOY, "direction": "one more", **TOY_QUICK})
+            assert out["exit_code"] == 1 and "stalled" in out["result"]["error"], out
+            assert "reassess" in out["result"]["hint"]
+            git(repo, "checkout", "--", str(FAST))
+
+            out = await call(s, "reassess", {"op": TOY, "profiled": "the sleep was all of it", "tried": "scaling",
+                                              "next": "stop: the target is met", "why": "nothing left to take"})
+            assert out["exit_code"] == 0 and out["meaning"].startswith("done: the re-assessment"), out
+            out = await call(s, "status", {"op": TOY})
+            assert out["exit_code"] == 0 and out["result"]["phase"] == "target met"
+            assert out["meaning"] == "done: where the loop stands" and out["next"] == f"flaloop stop {TOY} --go"
+
+            out = await call(s, "stop", {"op": TOY, "go": True})
+            assert out["exit_code"] == 0, out
+            assert out["next"] == f"flaloop report {TOY}"
+            out = await call(s, "report", {"op": TOY, "no_plots": True})
+            assert out["exit_code"] in (0, 1), out
+            assert out["result"]["records"]["claim"].endswith("record.json")
+            full = await s.call_tool("report", {"op": TOY, "no_plots": True, "detail": True})
+            assert len(full.content[0].text) > len(json.dumps(out))  # the whole document on request
+            assert full.structured_content["result"]["cells"][0]["id"] == "B2_T64_H2_D16/fwd"
+
+            # the loop's other commands, each a tool with a bounded result
+            out = await call(s, "header", {"op": TOY, "iter": 1})
+            assert out["exit_code"] == 0 and "#1 drop the sleep" in out["result"]["text"], out
+            out = await call(s, "log", {"op": TOY})
+            assert out["exit_code"] == 0, out
+            out = await call(s, "trap", {"action": "add", "op": TOY, "fact": "a sleep dominates", "why": "it hides the op",
+                                         "how": "profile first"})
+            assert out["exit_code"] == 0 and out["result"]["trap"] == 11, out
+            out = await call(s, "dispatch", {"action": "list", "op": TOY})
+            assert out["exit_code"] == 0, out
+            out = await call(s, "audit", {"op": TOY})
+            assert out["exit_code"] in (0, 1) and out["result"]["ok"], out
+            runs = sorted((repo / "profile" / f"{TOY}-opt" / "runs").glob("*/record.json"))
+            out = await call(s, "compare", {"a": str(runs[0]), "b": str(runs[-1])})
+            assert out["exit_code"] == 0, out
+            out = await call(s, "clean", {"op": TOY, "dry_run": True})
+            assert out["exit_code"] == 0 and out["meaning"] == "done: cleaned", out
 
     anyio.run(story)
+    print("largest result per tool (bytes):", sizes)
 
 
 def test_a_cancelled_call_and_an_ended_session_clean_up_like_ctrl_c(tmp_path):
@@ -181,3 +253,133 @@ def test_skill_install_never_overwrites_a_different_file_without_force(tmp_path)
     assert r.code == 0 and r.json["state"] == "replaced"
     assert dest.read_text() == (ROOT / "SKILL.md").read_text()
     assert Path(r.json["backup"]).read_text() == "my own notes\n"
+
+
+# -- the tools' declarations, checks and results, in-process --------------------------------------
+
+def _click_commands() -> dict:
+    import typer.main
+
+    from flaloop.cli import app
+
+    return typer.main.get_command(app).commands
+
+
+def test_every_command_is_a_tool_or_excluded_with_a_reason():
+    commands = set(_click_commands())
+    assert not set(EXCLUDED) - commands, "an exclusion names no command"
+    assert set(tool_names()) == commands - set(EXCLUDED)
+    assert all(len(why.split()) >= 5 for why in EXCLUDED.values())
+    # the loop's order: what SKILL.md walks an agent through comes first
+    assert tool_names()[:6] == ["list", "init", "gate", "audit", "baseline", "iter"]
+
+
+def test_tool_parameters_are_the_clis_long_options_with_underscores():
+    commands = _click_commands()
+    for spec in tool_specs():
+        expected = set()
+        for p in commands[spec.name].params:
+            if p.param_type_name == "option":
+                if "--json" in p.opts:
+                    continue
+                flag = next((o for o in p.opts if o.startswith("--")), p.opts[0])
+                expected.add(flag.lstrip("-").replace("-", "_"))
+            else:
+                expected.add(p.name)
+        assert {p.name for p in spec.params} == expected, spec.name
+        # each parameter's command line reaches the command's own parameter
+        for p in spec.params:
+            if p.flag is None or p.annotation is bool or "bool" in str(p.annotation):
+                continue
+            argv = spec.argv({p.name: "1"})
+            assert argv[1:3] == [p.flag, "1"] and p.flag in {o for q in commands[spec.name].params for o in q.opts}
+    init = {p.name: p for p in tool_specs(["init"])[0].params}
+    assert {"target", "input", "shapes", "max_iters", "keep_base", "new_loop"} <= set(init)
+    assert init["target"].py_name == "target_speedup" and init["input"].py_name == "inputs"
+    assert {p.name for p in tool_specs(["gate"])[0].params} >= {"k", "timeout"}
+    assert {p.name for p in tool_specs(["report"])[0].params} >= {"format", "out", "no_plots"}
+
+
+def test_a_bad_call_is_answered_as_the_cli_answers_a_usage_error():
+    spec = tool_specs(["init"])[0]
+    model = spec.model()
+    values, err = spec.check(model, {"op": OP, "target": "1.1x", "input": ["k=l2norm"]})
+    assert err is None and values == {"op": OP, "target": "1.1x", "input": ["k=l2norm"]}
+    assert spec.argv(values) == ["init", "--target", "1.1x", "--input", "k=l2norm", "--json", OP]
+    values, err = spec.check(model, {"op": OP, "shapes": "A,B"})  # one string where a list goes
+    assert err is None and spec.argv(values) == ["init", "--shapes", "A,B", "--json", OP]
+    for args, said, hinted in (
+            ({"op": OP, "target_speedup": "1.1x"}, "init has no parameter 'target_speedup'", "did you mean target"),
+            ({"op": OP, "inputs": ["k=l2norm"]}, "no parameter 'inputs'", "did you mean input"),
+            ({"target": "1.1x"}, "init needs the parameter 'op'", "required parameters: op"),
+            ({"op": OP, "max_iters": "many"}, "bad value 'many' for max_iters of init", "Iteration cap")):
+        values, err = spec.check(model, args)
+        assert values is None and err["exit_code"] == 2 and err["ok"] is False
+        assert said in err["error"] and hinted in err["hint"], err
+        assert "\n" not in err["error"] and "pydantic" not in json.dumps(err)
+
+
+def _huge_record(n_cells: int) -> dict:
+    pairs = [{"base_ms": 1.0 + i / 1e3, "cand_ms": 0.7, "round": 1, "foreign": []} for i in range(60)]
+    cells = [{"cell": {"shape_name": f"B1_T{64 * (i + 1)}_H2_D32", "mode": "fwd"}, "status": "ok", "verdict": "FASTER",
+              "estimate": {"speedup": 1.4321987, "ci_low": 1.3, "ci_high": 1.5}, "pairs": pairs, "reason": ""}
+             for i in range(n_cells)]
+    return {"ok": True, "op": OP, "config": {"aa": False}, "base": {"commit": "a" * 40},
+            "candidate": {"commit": "b" * 40}, "cells": cells, "path": "/some/where/runs/20260101T000000Z-bench/record.json",
+            "summary": {"geomean": {"speedup": 1.43, "ci_low": 1.3, "ci_high": 1.5}, "n_cells": n_cells},
+            "guard": {"blocked": False, "findings": [{"rule": "r", "message": "m" * 5000}] * 40}}
+
+
+def test_compact_results_stay_within_the_bound_and_keep_what_an_agent_decides_on():
+    rec = _huge_record(12)
+    assert size(rec) > 10 * RESULT_BOUND
+    out = compact(rec)
+    assert size(out) <= RESULT_BOUND - ENVELOPE
+    assert out["record"] == rec["path"] and out["geomean"]["speedup"] == 1.43
+    assert [c["cell"] for c in out["cells"]][:2] == ["B1_T64_H2_D32/fwd", "B1_T128_H2_D32/fwd"]
+    assert out["cells"][0]["verdict"] == "FASTER" and out["cells"][0]["ci"] == [1.3, 1.5]
+    # a record inside another document (verify's gate and bench), and documents of no known shape
+    for doc in ({"ok": True, "gate": {"green": True}, "bench": _huge_record(400)},
+                {"ok": True, "rows": [{"key": f"c{i}", "text": "x" * 900, "nested": {"a": [list(range(50))]}}
+                                      for i in range(3000)], "path": "/p/sweep.json"},
+                {"ok": False, "error": "e" * 20000, "hint": "h", "exit_code": 2}):
+        out = compact(doc)
+        assert size(out) <= RESULT_BOUND - ENVELOPE, size(out)
+        assert out["ok"] == doc["ok"]
+    assert compact(None) is None
+
+
+@pytest.mark.parametrize("name", tool_names())
+def test_every_tool_result_is_bounded_and_says_what_its_exit_code_means(name, monkeypatch):
+    from flaloop.cli import agent
+
+    huge = {"ok": True, "op": OP, "kind": name, "bench": _huge_record(300), "next": f"flaloop report {OP}",
+            "items": [{"x": "y" * 500}] * 2000}
+
+    async def fake_run(argv, report, cwd=None):
+        return {"exit_code": 0, "meaning": agent_tools.meaning(argv[0], 0), "result": huge}
+
+    monkeypatch.setattr(agent, "run_command", fake_run)
+    spec = tool_specs([name])[0]
+    args = {p.name: 1 if "int" in str(p.annotation) else "x" for p in spec.params if p.required}
+    out = anyio.run(agent.call, spec, spec.model(), args, None)
+    assert len(json.dumps(out, default=str).encode()) <= RESULT_BOUND
+    assert out["meaning"].startswith("done") and out["result"]["ok"] is True
+    if name not in ("status", "list", "bench", "verify", "report"):
+        assert "verdict delivered" not in out["meaning"]  # a command that delivers no verdict says its own
+    full = anyio.run(agent.call, spec, spec.model(), {**args, "detail": True}, None)
+    assert full["result"] == huge
+
+
+def test_a_result_without_a_document_keeps_the_last_lines_within_the_bound(monkeypatch):
+    from flaloop.cli import agent
+
+    async def fake_run(argv, report, cwd=None):
+        return {"exit_code": 4, "meaning": agent_tools.meaning(argv[0], 4), "result": None,
+                "stderr_tail": "\n".join(f"line {i} " + "x" * 300 for i in range(40))}
+
+    monkeypatch.setattr(agent, "run_command", fake_run)
+    spec = tool_specs(["list"])[0]
+    out = anyio.run(agent.call, spec, spec.model(), {}, None)
+    assert len(json.dumps(out).encode()) <= RESULT_BOUND and out["stderr_tail"].endswith("line 39 " + "x" * 300)
+    assert out["meaning"] == "internal error of flaloop"

@@ -18,7 +18,7 @@ from flaloop import report as report_mod
 from flaloop.errors import UsageError
 from flaloop.guard.findings import Finding
 from flaloop.report_plots import write_plots
-from flaloop.report_render import render
+from flaloop.report_render import render, render_github
 from flaloop.target import Target
 
 OP = "toy_attn"
@@ -385,6 +385,30 @@ def test_a_loop_claim_stands_on_its_own_records_not_on_a_later_bench_of_another_
     assert build(repo)["records"]["claim"] == str(ws(repo) / own)
 
 
+def test_without_a_loop_the_report_stands_on_the_newest_complete_record_and_names_it(toy_measured):
+    """A newer interrupted bench (no cell measured) or a partial one never replaces a complete record."""
+    repo, _ = toy_measured
+    complete = the_record(repo)
+    rec = json.loads(complete.read_text())
+    unmeasured = [{**c, "status": "failed", "estimate": None, "verdict": None} for c in rec["cells"]]
+    interrupted = _copy_record(repo, rec, "29991231T000000Z", interrupted=True, cells=unmeasured,
+                               summary={**rec["summary"], "geomean": None, "n_measured": 0})
+    doc = build(repo)
+    assert doc["records"]["claim"] == str(complete) and doc["records"]["claim_complete"] == "complete"
+    assert doc["records"]["skipped"] == [str(ws(repo) / interrupted)]
+    assert doc["conclusion"]["text"] != "no-go: no cell could be measured"
+    assert "not used: `" in render(doc, {})
+    assert "\n- Gate: **GREEN**" in render_github(doc)  # the pull-request comment says which gate
+    # a partial record (one cell measured of two) is passed over too; alone, an interrupted one stands
+    partial = _copy_record(repo, rec, "29991231T000001Z", cells=[rec["cells"][0], unmeasured[1]])
+    assert build(repo)["records"]["claim"] == str(complete)
+    complete.unlink()
+    doc = build(repo)
+    assert doc["records"]["claim"] == str(ws(repo) / partial) and doc["records"]["claim_complete"] == "partial"
+    r = flaloop(repo, "report", OP, "--no-plots")
+    assert f"stands on: {ws(repo) / partial} (partial)\n" in r.stdout  # the interrupted one is older: not named
+
+
 def test_no_record_or_no_contract_is_a_usage_error(toy_measured):
     repo, _ = toy_measured
     shutil.rmtree(ws(repo) / "runs")
@@ -504,3 +528,44 @@ def test_recorded_commands_lose_the_measuring_machines_paths_and_stay_one_shell_
     assert shlex.split(got) == ["flaloop", "iter", "chunk_delta_rule", "keep the forward's intermediates",
                                 "--min-pairs", "16"]
     assert report_mod.portable_command("flaloop 'unclosed") == "flaloop 'unclosed"
+
+
+def _plot_doc() -> dict:
+    def cell(i, b, c):
+        return {"id": f"B4_T{1024 * (i + 1)}_H16_D128/fwd", "speedup": b / c, "ci_low": b / c - 0.03,
+                "ci_high": b / c + 0.03, "verdict": "FASTER", "device": {"base": {"median": b}, "cand": {"median": c}},
+                "eager": {"base": {"median": b * 1.1}, "cand": {"median": c * 1.1}}}
+
+    return {"op": "chunk_gla", "cells": [cell(0, 24.6, 17.0), cell(1, 49.0, 33.5)],
+            "summary": {"geomean": {"speedup": 1.45, "ci_low": 1.42, "ci_high": 1.48}, "target_speedup": 1.3},
+            "trajectory": [{"iter": 0, "status": "baseline", "speedup": None},
+                           {"iter": 1, "status": "keep", "speedup": 1.2, "ci_low": 1.15, "ci_high": 1.25},
+                           {"iter": 2, "status": "revert", "speedup": 1.1, "ci_low": 1.05, "ci_high": 1.15},
+                           {"iter": 3, "status": "drop", "speedup": None}]}
+
+
+def test_the_plots_read_right_at_a_glance():
+    """Times on a linear axis from 0 with each speedup written on its bar, a colour per status, a
+    dropped iteration still drawn, and no legend over the axes, its ticks or its label."""
+    from matplotlib.colors import to_hex
+
+    from flaloop import report_plots
+
+    doc = _plot_doc()
+    fig = report_plots.times_figure(doc)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
+    assert {t.get_text().strip() for t in ax.texts} >= {"1.45x", "1.46x"}
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    assert not fig.legends[0].get_window_extent(r).overlaps(ax.get_tightbbox(r))
+
+    assert len(set(report_plots.STATUS_COLORS.values())) == len(report_plots.STATUS_COLORS)
+    fig = report_plots.trajectory_figure(doc)
+    ax = fig.axes[0]
+    crosses = [ln for ln in ax.lines if ln.get_marker() == "x" and len(ln.get_xdata())]
+    assert [(c.get_xdata()[0], c.get_ydata()[0]) for c in crosses] == [(3, 1.0)]
+    assert to_hex(crosses[0].get_color()) == report_plots.STATUS_COLORS["drop"]
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    assert not ax.get_legend().get_window_extent(r).overlaps(ax.get_window_extent(r))

@@ -90,6 +90,18 @@ def _unseen(plan: MeasurePlan, m: Measurement) -> dict | None:
     return out
 
 
+def _test_calls(plan: MeasurePlan, m: Measurement) -> dict | None:
+    """The test's own calls the warm-up replayed, with their share of the run's wall time."""
+    if m.test_calls is None:
+        if not plan.test_calls:
+            return None
+        return {**{k: v for k, v in plan.test_calls.items() if k != "calls"},
+                "off": plan.test_calls.get("off") or "not reached: the run ended before the check"}
+    out = dict(m.test_calls)
+    out["share"] = round(out.get("seconds", 0.0) / m.wall_s, 4) if m.wall_s else None
+    return out
+
+
 def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None = None) -> RunRecord:
     run_blocked = [f for f in m.run_findings + _static_findings(plan) if f.blocking]
     summary = analyse(m.results, plan.config.margin, plan.config.seed, aa=plan.config.aa, run_blocked=run_blocked)
@@ -106,6 +118,7 @@ def finish(plan: MeasurePlan, m: Measurement, *, created: str, gpu: str | None =
         last_gate=plan.last_gate if plan.gate is None else None,
         errors=list(m.errors), wall_s=m.wall_s, timeline=m.timeline, lean_check=m.lean_check,
         waited_s={k: round(v, 2) for k, v in m.waited.items()}, transfer=m.transfer, unseen=_unseen(plan, m),
+        test_calls=_test_calls(plan, m),
         guard=_guard(plan, m), summary=summary, cells=m.results)
     _same_code(record, plan)
     if not m.interrupted and m.env:

@@ -12,8 +12,11 @@ With none warm for its key a run spawns its workers as before and starts one, de
 ends (`start`), with the modules its workers imported. A run that finds one of its key still
 preloading (on the H200 about 10 s, against 10-17 s of import in each spawned worker) waits for
 it, at most STARTING_WAIT_S.
-The server exits after FLALOOP_FORKSERVER_IDLE_S seconds without a connection (default 1200),
-and `flaloop clean` stops every one of the user's (`stop_all`).
+The server exits after FLALOOP_FORKSERVER_IDLE_S seconds without a connection (default 300: a loop's
+benches follow each other within minutes, and each server holds ~275 MB). A server belongs to the
+checkout whose run started it (its `.owner` file): starting one stops that checkout's other servers
+of the same interpreter, so one stays warm per checkout, whichever shell or agent ran the bench,
+and `flaloop clean` stops only that checkout's (`stop_all(owner)`).
 """
 
 from __future__ import annotations
@@ -35,14 +38,21 @@ from flaloop import fsutil, procs
 WORKER = Path(__file__).parent / "worker" / "__main__.py"
 IDLE_ENV = "FLALOOP_FORKSERVER_IDLE_S"
 DIR_ENV = "FLALOOP_FORKSERVER_DIR"  # where the sockets live (default: a private dir in the temp dir)
-IDLE_DEFAULT_S = 1200.0
+IDLE_DEFAULT_S = 300.0
 # Set per shell, per test, per workspace or per flaloop run, and read by no library at import
 # (Triton reads its cache settings when it compiles or tunes, in the forked worker, which has the
 # run's exact environment): not part of the key. Every other variable is: an unknown one costs a
 # server start, never an import made under other settings.
 VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST",
                           "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID", "TRITON_CACHE_DIR",
-                          "FLALOOP_TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING"})
+                          "FLALOOP_TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING",
+                          # the terminal's or the agent's session, and how output is drawn (the MCP
+                          # server sets the last four for its children)
+                          "TERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "TERM_SESSION_ID", "COLORTERM", "TMUX",
+                          "TMUX_PANE", "STY", "WINDOWID", "DISPLAY", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+                          "SSH_AUTH_SOCK", "HISTFILE", "HISTSIZE", "PS1", "LS_COLORS", "XDG_SESSION_ID",
+                          "VSCODE_PID", "VSCODE_IPC_HOOK_CLI", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE",
+                          "TTY_INTERACTIVE"})
 REQUEST_TIMEOUT_S = 30.0
 STARTING_WAIT_S = 30.0  # the longest a run waits for a server of its key that is still preloading
 MAX_SERVERS = 4  # per user: each holds torch and friends in memory; the least recently used goes
@@ -247,14 +257,39 @@ def _serving(path: Path) -> bool:
         s.close()
 
 
-def start(python: str, env: dict, preload: list[str]) -> Path | None:
+def _owner_of(sock: Path) -> dict | None:
+    try:
+        doc = json.loads(sock.with_suffix(".owner").read_text())
+        return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _owned(d: Path, owner: str, python: str | None = None) -> list[Path]:
+    """The sockets of the servers `owner` (a checkout's root) started (with `python`, when given)."""
+    out = []
+    for sock in d.glob("fs-*.sock"):
+        doc = _owner_of(sock) or {}
+        if doc.get("root") == owner and (python is None or doc.get("python") == os.path.realpath(python)):
+            out.append(sock)
+    return out
+
+
+def start(python: str, env: dict, preload: list[str], owner: str | None = None) -> Path | None:
     """Start a fork server for this key, detached (it outlives this flaloop); don't wait for it.
-    Its own session, no parent-death signal: the one child of flaloop that is meant to stay."""
+    Its own session, no parent-death signal: the one child of flaloop that is meant to stay. With
+    `owner` (the checkout's root), the owner's other servers of this interpreter are stopped first."""
     k = key(python, env, preload)
     try:
         sock = socket_path(k)
         if socket_path(k, "failed").exists():
             return None
+        if owner is not None:
+            for other in _owned(sock.parent, owner, python):
+                if other != sock:
+                    _stop(other)
+            fsutil.atomic_write_text(socket_path(k, "owner"),
+                                     json.dumps({"root": owner, "python": os.path.realpath(python)}))
         _make_room(sock.parent, MAX_SERVERS - 1)
         listing = socket_path(k, "preload")
         fsutil.atomic_write_text(listing, "\n".join(preload) + "\n")
@@ -303,14 +338,14 @@ def _stop(path: Path) -> bool:
         s.close()
 
 
-def stop_all() -> int:
-    """Ask every fork server of this user to exit; how many were asked."""
+def stop_all(owner: str | None = None) -> int:
+    """Ask every fork server of this user (with `owner`: of that checkout only) to exit; how many were asked."""
     try:
         d = socket_dir()
     except (OSError, RuntimeError):
         return 0
-    n = sum(_stop(path) for path in d.glob("fs-*.sock"))
-    for f in [p for ext in ("preload", "log", "failed", "starting") for p in d.glob(f"fs-*.{ext}")]:
+    n = sum(_stop(path) for path in (d.glob("fs-*.sock") if owner is None else _owned(d, owner)))
+    for f in [p for ext in ("preload", "log", "failed", "starting", "owner") for p in d.glob(f"fs-*.{ext}")]:
         if not (d / (f.name.rsplit(".", 1)[0] + ".sock")).exists():
             with contextlib.suppress(OSError):
                 f.unlink()

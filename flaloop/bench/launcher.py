@@ -184,6 +184,7 @@ class ForkLauncher(SpawnLauncher):
         self.seen: dict[str, None] = {}  # third-party modules this run's workers imported, in order
         self.server: ForkServer | None = None
         self.leaving = True
+        self.owner: str | None = None  # the checkout whose server this run leaves warm (forkservers.start)
         self._connect()
 
     def _read_preload(self) -> list[str]:
@@ -247,7 +248,7 @@ class ForkLauncher(SpawnLauncher):
             if coming is not None:
                 self.forkserver["left_warm"] = str(coming)
                 return
-            path = forkservers.start(self.python, self.server_env, names)
+            path = forkservers.start(self.python, self.server_env, names, owner=self.owner)
             self.forkserver["left_warm"] = str(path) if path else None
 
     def close(self, leave_warm: bool = True) -> None:
@@ -260,7 +261,8 @@ class ForkLauncher(SpawnLauncher):
 
 
 def make_launcher(*, forkserver: bool, python: str, op: str, registry: Path, device: str, env: dict,
-                  import_mode: str, gpu: str | None = None, cand_env: dict | None = None) -> SpawnLauncher:
+                  import_mode: str, gpu: str | None = None, cand_env: dict | None = None,
+                  owner: str | None = None) -> SpawnLauncher:
     """The launcher a real measurement uses: forked workers unless the config says otherwise. With
     `cand_env` (--cand-env) both sides are spawned: a fork server's preloaded libraries read their
     environment at import, before the candidate's could be set, and forking one side only would
@@ -271,7 +273,9 @@ def make_launcher(*, forkserver: bool, python: str, op: str, registry: Path, dev
                                  "from its first import", side_env={"cand": cand_env})
     if not forkserver:
         return SpawnLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu)
-    return ForkLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu,
-                        preload_file=forkservers.preload_file(python, op, import_mode))
+    launcher = ForkLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu,
+                            preload_file=forkservers.preload_file(python, op, import_mode))
+    launcher.owner = owner
+    return launcher
 
 

@@ -62,13 +62,14 @@ def measure(plan: MeasurePlan, *, repo: Path, run_dir: Path, triton_cache: Path,
             if launcher is None:
                 launcher = make_launcher(forkserver=plan.config.forkserver, python=plan.python, op=plan.op,
                                          registry=registry_path(plan, base_tree, run_dir), device=plan.config.device, env=env,
-                                         import_mode=plan.config.import_mode, gpu=gpu, cand_env=plan.config.cand_env)
+                                         import_mode=plan.config.import_mode, gpu=gpu, cand_env=plan.config.cand_env,
+                                         owner=str(repo))
             if own_launcher:
                 stack.callback(lambda: launcher.close(leave_warm=not interrupted))
             session = Session(op=plan.op, cells=plan.cells, config=plan.config,
                               trees={"base": base_tree, "cand": cand_tree}, launcher=launcher, run_dir=run_dir,
                               triton_cache=triton_cache, allowed=plan.allowed, on_event=on_event, cancel=cancel,
-                              t0=t0, unseen=plan.unseen)
+                              t0=t0, unseen=plan.unseen, test_calls=plan.test_calls)
             session.mark("base worktree")  # (and the candidate's)
             m = session.run()
         except BaseException as exc:

@@ -134,10 +134,21 @@ class BenchConfig:
                                 "non-power-of-two head dims, tiny varlen), once in the warm-up; 0: off (the record "
                                 "says so).")
     unseen_seed: int = opt(0, "Seed of the unseen shapes' draw (the record holds it and the shapes drawn).")
+    # A kernel wrong only behind a keyword option the registry's call never sets (an initial state, the
+    # final state's gradient) read SAME on FLA with the unseen shapes alone: the draw also varies the
+    # op's options (bench/options.py, unseen-option-differs).
+    unseen_options: int = opt(4, "Also call the op with this many combinations of its keyword options the registry "
+                                 "never sets (bools, enums, optional tensors such as an initial state), each on an "
+                                 "unseen shape, fwd and bwd through every output; 0: off.")
+    # The frozen test's own calls, recorded when the gate ran at the base (flaloop/testcalls.py),
+    # replayed base against candidate in separate workers: a judge loosened inside the test process
+    # cannot carry a wrong kernel past the bench (bench/replay.py, test-call-differs).
+    test_calls: int = opt(8, "Replay this many of the test's own calls recorded at the base (a seeded sample, "
+                             "fwd and bwd through every output), base against candidate; 0: off.")
     # Fork workers from a warm server that imported the target's third-party libraries once
     # (bench/forkservers.py): on the H200 FLA's import took 1.9 s in a forked worker, 10-17 s in a spawned one.
     forkserver: bool = opt(True, "Fork the workers from a warm server that imported the target's third-party "
-                                 "libraries once (idle exit after FLALOOP_FORKSERVER_IDLE_S, default 1200 s; "
+                                 "libraries once (idle exit after FLALOOP_FORKSERVER_IDLE_S, default 300 s; "
                                  "`flaloop clean` stops it).")
     # "lean": the op module's parent packages run their __init__ only when asked for a name (FLA's
     # fla/__init__.py imports fla.layers, fla.models and transformers, which the op never needs).
@@ -186,6 +197,9 @@ class BenchConfig:
                                  "its own settings)", "switch a backend or a library setting instead")
         if not 0 <= self.unseen_shapes <= MAX_UNSEEN:
             raise UsageError(f"--unseen-shapes {self.unseen_shapes}: need 0 (off) to {MAX_UNSEEN}")
+        for name in ("unseen_options", "test_calls"):
+            if not 0 <= getattr(self, name) <= MAX_UNSEEN:
+                raise UsageError(f"{flag_of(name)} {getattr(self, name)}: need 0 (off) to {MAX_UNSEEN}")
         if self.placements < 1:
             raise UsageError(f"--placements {self.placements}: need at least 1 (1 builds each cell once)")
         if self.min_pairs < 2 or self.max_pairs < max(self.min_pairs, MIN_PAIRS_JUDGED):

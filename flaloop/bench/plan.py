@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from flaloop import contract as contract_mod
-from flaloop import git
+from flaloop import git, testcalls
+from flaloop.bench import options as options_mod
 from flaloop.bench import unseen as unseen_mod
 from flaloop.bench.model import BenchConfig, Cell, make_cells
 from flaloop.bench.record import TreeRef
@@ -38,7 +39,8 @@ class MeasurePlan:
     last_gate: dict | None = None  # else the last gate recorded for exactly this tree state
     command: str = ""
     label: str = "bench"        # what the run directory is called after: bench, aa, a sweep candidate
-    unseen: dict | None = None  # the shapes nobody times the warm-up checks (bench/unseen.plan)
+    unseen: dict | None = None  # the shapes nobody times the warm-up checks (bench/unseen.plan), with options
+    test_calls: dict | None = None  # the test's own calls the warm-up replays (test_calls_plan)
     # the op's inputs declared in flaloop.toml or read from recorded calls (opdecl, opcalls): the
     # workers build them from this rather than from a registry (registry_rel is then "")
     declared: dict | None = None
@@ -99,12 +101,39 @@ def plan(target, contract, *, base: TreeRef, candidate: TreeRef, shapes: list[st
         raise UsageError("no bench cells: no shapes selected", "pass --shapes or set shapes in the contract")
     cfg.inputs = {**contract.input_overrides, **cfg.inputs}
     contract_mod.check_overrides(spec, cfg.inputs)
+    doc = testcalls.load(target.workspace(contract.op), contract.test_file)
     unseen = unseen_mod.plan(cfg, configs, cells, spec.registry)
     if spec.declared and spec.declared.get("recorded") and not unseen["off"]:
         unseen.update(off="the op's shapes are recorded calls: no dimension to vary", shapes=[], on_path=[])
+    if not unseen.get("off"):
+        unseen["options"] = options_mod.plan(cfg, list(contract.parameters or []), spec.registry or {}, doc,
+                                             unseen["shapes"], package=spec.package, func_name=spec.func_name)
     return MeasurePlan(op=contract.op, python=target.python, registry_rel=registry_rel,
                        registry_entry=spec.registry or {}, cells=cells, config=cfg, base=base,
                        candidate=candidate, static=None if cfg.aa else static,
                        allowed=list(getattr(contract, "allowed", None) or []), gate=gate, last_gate=last_gate,
-                       command=command, label=label or ("aa" if cfg.aa else "bench"),
-                       unseen=unseen, declared=spec.declared)
+                       command=command, label=label or ("aa" if cfg.aa else "bench"), unseen=unseen, declared=spec.declared,
+                       test_calls=test_calls_plan(cfg, doc, package=spec.package, func_name=spec.func_name,
+                                                  op=contract.op, backward=not (spec.registry or {}).get("skip_backward")))
+
+
+def test_calls_plan(cfg: BenchConfig, doc: dict | None, *, package: str, func_name: str, op: str,
+                    backward: bool = True) -> dict:
+    """The seeded sample of the test's recorded calls the warm-up replays, or why none (`off`)."""
+    out = {"n": cfg.test_calls, "seed": cfg.unseen_seed, "dtype": cfg.dtype, "tol": cfg.diff_tol, "aa": bool(cfg.aa),
+           "off": None, "recorded": None, "calls": [], "backward": backward}
+    if cfg.test_calls <= 0:
+        out["off"] = "--test-calls 0"
+    elif cfg.aa and cfg.signal:
+        out["off"] = "a quick A/A: no candidate to check, and compiling them for later is not quick"
+    elif doc is None:
+        out["off"] = (f"no test calls recorded at the base: they are recorded when the gate runs on a clean checkout "
+                      f"of the base (`flaloop baseline {op}`, or `flaloop gate {op} --regate` there)")
+    elif not doc["calls"]:
+        out["off"] = "the test made no call into the op's package that returns a tensor (at the base)"
+    if out["off"]:
+        return out
+    out["recorded"] = {"base_commit": doc.get("base_commit"), "calls": len(doc["calls"]),
+                       "functions": len({c["fn"] for c in doc["calls"]})}
+    out["calls"] = testcalls.sample(doc, cfg.test_calls, cfg.unseen_seed, package=package, func_name=func_name)
+    return out

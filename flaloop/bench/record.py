@@ -146,6 +146,7 @@ class RunRecord:
     timeline: list[list] = field(default_factory=list)
     lean_check: dict | None = None
     unseen: dict | None = None                     # shapes nobody times, checked in the warm-up (bench/unseen.py)
+    test_calls: dict | None = None                 # the test's own calls, replayed in the warm-up (bench/replay.py)
     waited_s: dict = field(default_factory=dict)
     transfer: dict = field(default_factory=dict)
     roofline: dict | None = None

@@ -44,7 +44,29 @@ def plan_working_tree(target, contract, *, base: str | None, shapes: list[str] |
         cand = working_tree(target, tree)
     static = None if cfg.aa else audit(target, contract, b.commit).to_dict()
     return plan(target, contract, base=b, candidate=cand, shapes=shapes, cfg=cfg, static=static, gate=gate,
-                last_gate=last_gate_for(target, contract.op, tree) if gate is None else None, command=command)
+                last_gate=(last_gate_for(target, contract.op, tree) or gated_by_loop(target, contract.op, tree))
+                if gate is None else None, command=command)
+
+
+def gated_by_loop(target, op: str, tree: dict) -> dict | None:
+    """The gate a loop iteration ran on exactly this commit, clean: `iter` gates the working tree and
+    then commits it, so the recorded gate's tree state (dirty, on the commit before) is not this one,
+    though its code is."""
+    from flaloop.errors import FlaloopError
+    from flaloop.loop.store import Workspace
+
+    if tree.get("dirty") or not tree.get("head"):
+        return None
+    try:
+        iters = Workspace(target.workspace(op)).iterations()
+    except FlaloopError:
+        return None
+    it = next((i for i in reversed(iters) if i.commit == tree["head"] and i.gate), None)
+    if it is None:
+        return None
+    g = it.gate
+    return {"green": bool(g.get("green")), "signal_only": bool(g.get("signal_only")), "started": it.created,
+            "counts": g.get("counts"), "k_expr": g.get("k_expr"), "reused_from": f"iteration {it.iter} of the loop"}
 
 
 def run_plan(target, p: MeasurePlan, *, on_event: Events | None = None, gpu: str | None = None,

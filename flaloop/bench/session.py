@@ -33,7 +33,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from flaloop.bench import sampling, timed, warmup
+from flaloop.bench import replay, sampling, timed, warmup
 from flaloop.bench.analysis import round_estimates
 from flaloop.bench.launcher import Launcher
 from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, Cell, CellResult
@@ -98,6 +98,7 @@ class Measurement:
     unseen: dict | None = None  # the shapes nobody times, as checked in the warm-up (warmup.check_unseen)
     # timed calls checked against the base's (bench/timed.py): the rounds' input draw, how many, the seconds
     timed_calls: dict = field(default_factory=dict)
+    test_calls: dict | None = None  # the test's own calls, replayed in the warm-up (replay.check_test_calls)
     lean_check: dict | None = None
     env: dict = field(default_factory=dict)  # fingerprint, idle evidence, how the workers started
     ceilings: dict | None = None  # the device's measured limits (roofline.Ceilings), taken where it ran
@@ -130,13 +131,15 @@ class Session:
     def __init__(self, *, op: str, cells: list[Cell], config: BenchConfig, trees: dict[str, Path],
                  launcher: Launcher, run_dir: Path, triton_cache: Path | None = None,
                  allowed: list[dict] | None = None, on_event: Events | None = None,
-                 cancel: threading.Event | None = None, t0: float | None = None, unseen: dict | None = None):
+                 cancel: threading.Event | None = None, t0: float | None = None, unseen: dict | None = None,
+                 test_calls: dict | None = None):
         self.op, self.cfg, self.trees, self.launcher = op, config, trees, launcher
         self.run_dir, self.triton_cache = run_dir, triton_cache
         self.allowed = allowed or []
         self.on_event = on_event or (lambda *a, **k: None)
         self.cancel = cancel
         self.unseen = unseen  # the plan's draw (bench/unseen.plan); None: no check asked for
+        self.test_calls = test_calls  # the plan's sample of the test's calls (bench/plan.test_calls_plan)
         self.out = Measurement(results=[CellResult(c) for c in cells],
                                transfer={"how": "cuda-ipc", "why": None},
                                timed_calls={"draw": timed.run_salt(), "checked": 0, "differ": 0, "seconds": 0.0})
@@ -240,8 +243,13 @@ class Session:
         self.mark("warm-up done")
         if self.unseen is not None:
             warmup.check_unseen(self)
+            replay.check_options(self)
             if not self.out.unseen.get("off"):
                 self.mark("unseen shapes checked")
+        if self.test_calls is not None:
+            replay.check_test_calls(self)
+            if not self.out.test_calls.get("off"):
+                self.mark("test calls replayed")
         return new_entries
 
     def _fingerprint(self, hello: dict) -> None:

@@ -22,6 +22,7 @@ from flaloop.cli.app import (
     normalize_argv,
     settings,
 )
+from flaloop.cli.help import polish
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         settings.debug = True
         args = [a for i, a in enumerate(args) if not (a == "--debug" and i < len(head))]
     root = typer.main.get_command(app)
+    polish(root)
     args = normalize_argv(args, root)
     try:
         code = root.main(args=args, prog_name="flaloop", standalone_mode=False)
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as exc:  # a mistyped option or value: exit 2, and the envelope for agents
         if "--json" in head:
             cmd = exc.ctx.command_path if exc.ctx else "flaloop"
-            emit_json({"ok": False, "error": exc.format_message(), "hint": f"`{cmd} --help` lists the options",
+            what = "commands" if exc.ctx is None or getattr(exc.ctx.command, "commands", None) else "options"
+            emit_json({"ok": False, "error": exc.format_message(), "hint": f"`{cmd} --help` lists the {what}",
                        "exit_code": 2})
         exc.show()
         sys.exit(2)

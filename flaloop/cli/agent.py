@@ -24,9 +24,8 @@ import asyncio
 import codecs
 import collections
 import contextlib
-import enum
+import difflib
 import importlib.resources
-import inspect
 import json
 import os
 import re
@@ -36,34 +35,22 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from flaloop import fsutil, procs
+from flaloop.cli.agent_tools import DETAIL, LOOP_COMMANDS, compact, meaning, tool_specs
 from flaloop.cli.app import JsonOpt, app, command, emit_json, human
 from flaloop.errors import UsageError
 
-TOOLS = ("list", "init", "gate", "audit", "bench", "verify", "baseline", "iter", "status", "report", "sweep",
-         "profile", "model")
-# The README's exit-code table, short.
-EXIT_MEANINGS = {
-    0: "done: gate green, verdict delivered",
-    1: "gate red, a guard finding blocks, outputs differ from the base, a loop rule or a report refused",
-    2: "usage or setup error: read `hint` in the result",
-    3: "measurement failed: a worker crashed or hung, or no cell could be measured",
-    4: "internal error of flaloop",
-    130: "interrupted: workers, pytest and worktrees were cleaned up",
-}
 INTERRUPT_GRACE_S = 60.0  # flaloop's own Ctrl-C cleanup: workers, pytest, worktrees, the run record so far
 KILL_WAIT_S = 5.0
 PIPE_DRAIN_S = 2.0  # after the child exits: a grandchild may still hold its pipes
+TAIL_CHARS = 4000  # of a result without a document: its stderr's last lines, within agent_tools.RESULT_BOUND
 # rich draws the CLI's progress bars only on an interactive terminal; plain text is all we read.
 CHILD_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "NO_COLOR": "1"}
-NOT_TOOL_PARAMS = {"as_json", "ctx"}  # --json is always given; typer's Context is not an option
-ARG_HELP = {"op": "The op's name (the `list` tool names them)."}
 PROGRESS_NOISE = re.compile(r"[━╸╺╾╼]+|\b\d+:\d\d:\d\d\b|-:--:--")  # the bar and the elapsed time
 RESULT_SCHEMA = {
     "type": "object",
@@ -71,98 +58,15 @@ RESULT_SCHEMA = {
         "exit_code": {"type": "integer", "description": "The command's exit code (README: Exit codes)."},
         "meaning": {"type": "string", "description": "What that exit code means."},
         "result": {"type": ["object", "null"],
-                   "description": "The command's --json document: the result (ok true), or ok false with "
+                   "description": "The command's --json document, compact (a run record as its table of cells; "
+                                  "`detail: true` for the whole document): the result (ok true), or ok false with "
                                   "error, hint and exit_code. null when the command wrote none."},
+        "next": {"type": "string", "description": "The loop's next step, after a loop command."},
         "stderr_tail": {"type": "string", "description": "The last lines it printed, when there is no result."},
     },
     "required": ["exit_code", "meaning", "result"],
 }
 SKILL_DIR = Path("~/.claude/skills")  # Claude Code's user skills
-
-
-# -- the tools: flaloop's commands as declared for typer ----------------------------------------
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    annotation: Any
-    flag: str | None  # None: a positional argument
-    off_flag: str | None  # a boolean option's --no-... spelling
-    default: Any
-    required: bool
-    help: str
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """One command as a tool: its parameters are the command's, read from its declaration."""
-
-    name: str
-    description: str
-    params: tuple[Param, ...]
-
-    def argv(self, values: dict[str, Any]) -> list[str]:
-        """The command line for these parameter values (only those given: the CLI applies its defaults)."""
-        options: list[str] = []
-        positional: list[str] = []
-        for p in self.params:
-            value = values.get(p.name)
-            if value is None:
-                continue
-            items = value if isinstance(value, list) else [value]
-            if p.flag is None:
-                positional += [_text(v) for v in items]
-            elif isinstance(value, bool):
-                options += [p.flag] if value else ([p.off_flag] if p.off_flag else [])
-            else:
-                for v in items:
-                    options += [p.flag, _text(v)]
-        end = ["--"] if any(a.startswith("-") for a in positional) else []
-        return [self.name, *options, "--json", *end, *positional]
-
-    def model(self):
-        """The pydantic model of the tool's arguments: its JSON schema, and the check of a call."""
-        import pydantic
-
-        fields = {p.name: (p.annotation, pydantic.Field(... if p.required else p.default, description=p.help or None))
-                  for p in self.params}
-        return pydantic.create_model(f"flaloop_{self.name}", __config__=pydantic.ConfigDict(extra="forbid"),
-                                     **fields)
-
-
-def _text(value: Any) -> str:
-    return str(value.value if isinstance(value, enum.Enum) else value)
-
-
-def tool_specs(names: tuple[str, ...] = TOOLS) -> list[ToolSpec]:
-    """The commands `names` as tools, in that order, each from its typer declaration."""
-    from typer.models import ArgumentInfo, OptionInfo
-    from typer.utils import get_params_from_function
-
-    registered = {ci.name or ci.callback.__name__: ci for ci in app.registered_commands}
-    specs = []
-    for name in names:
-        ci = registered[name]
-        params = []
-        for pname, meta in get_params_from_function(ci.callback).items():
-            if pname in NOT_TOOL_PARAMS:
-                continue
-            info = meta.default
-            if isinstance(info, OptionInfo | ArgumentInfo):
-                default, help_ = info.default, info.help or ""
-            else:
-                default, help_ = meta.default, ""
-            required = default is ... or default is inspect.Parameter.empty
-            flag = off = None
-            if isinstance(info, OptionInfo):
-                decl = next((d for d in info.param_decls if d.startswith("--")), info.param_decls[0])
-                flag, _, off = decl.partition("/")
-                off = off or None
-            params.append(Param(pname, meta.annotation, flag, off, None if required else default, required,
-                                help_ or ARG_HELP.get(pname, "")))
-        doc = inspect.cleandoc(ci.help or ci.callback.__doc__ or "")
-        specs.append(ToolSpec(name, f"`flaloop {name}`: {doc}", tuple(params)))
-    return specs
 
 
 # -- one call: the command as a child -----------------------------------------------------------
@@ -268,11 +172,41 @@ async def run_command(argv: list[str], report: Callable[[float, float | None, st
         doc = json.loads(stdout) if stdout.strip() else None
     except ValueError:
         doc = None
-    out: dict[str, Any] = {"exit_code": code, "meaning": EXIT_MEANINGS.get(code, f"exit {code}"),
+    out: dict[str, Any] = {"exit_code": code, "meaning": meaning(argv[0], code),
                            "result": doc if isinstance(doc, dict) else None}
     if out["result"] is None:
         out["stderr_tail"] = "\n".join(tail)
     return out
+
+
+async def call(spec, model, arguments: dict, report, cwd: str | None = None) -> dict[str, Any]:
+    """One tool call: the arguments checked as the CLI checks a command line, the command run, its
+    document compact unless `detail`, and after a loop command the loop's next step."""
+    values, refused = spec.check(model, arguments)
+    if refused is not None:
+        return {"exit_code": 2, "meaning": meaning(spec.name, 2), "result": refused}
+    detail = bool(values.pop(DETAIL, False))
+    out = await run_command(spec.argv(values), report, cwd)
+    if spec.name in LOOP_COMMANDS and out["exit_code"] in (0, 1) and values.get("op"):
+        extra = {k: values[k] for k in ("repo", "python") if values.get(k)}
+        st = await run_command(specs_status().argv({"op": values["op"], **extra}), _quiet, cwd)
+        if (st.get("result") or {}).get("next"):
+            out["next"] = st["result"]["next"]
+    elif isinstance(out["result"], dict) and isinstance(out["result"].get("next"), str):
+        out["next"] = out["result"]["next"]
+    if not detail:
+        out["result"] = compact(out["result"])
+        if len(out.get("stderr_tail", "")) > TAIL_CHARS:  # no document: what it printed last, within the bound
+            out["stderr_tail"] = "..." + out["stderr_tail"][-TAIL_CHARS:]
+    return out
+
+
+async def _quiet(*_: Any) -> None:
+    return None
+
+
+def specs_status():
+    return tool_specs(["status"])[0]
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -286,7 +220,6 @@ def serve() -> None:
 
 async def _serve() -> None:
     import mcp.types as types
-    import pydantic
     from mcp.server import Server
     from mcp.server.stdio import stdio_server
     from mcp.shared.exceptions import MCPError
@@ -302,22 +235,18 @@ async def _serve() -> None:
     async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         spec = specs.get(params.name)
         if spec is None:
-            raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}: one of {', '.join(specs)}")
-        try:
-            values = models[spec.name].model_validate(params.arguments or {})
-        except pydantic.ValidationError as exc:
-            out = {"exit_code": 2, "meaning": EXIT_MEANINGS[2],
-                   "result": {"ok": False, "error": f"bad arguments for {spec.name}: {exc}", "exit_code": 2,
-                              "hint": "see the tool's input schema"}}
-        else:
-            argv = spec.argv({name: getattr(values, name) for name in values.model_fields_set})
-            out = await run_command(argv, ctx.session.report_progress)
+            close = difflib.get_close_matches(params.name, list(specs), n=3, cutoff=0.5)
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}: "
+                           + (f"did you mean {' or '.join(close)}? " if close else "") + f"one of {', '.join(specs)}")
+        out = await call(spec, models[spec.name], params.arguments or {}, ctx.session.report_progress)
         return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(out, default=str))],
                                     structured_content=out, is_error=out["exit_code"] not in (0, 1))
 
     server = Server("flaloop", version=_version(), on_list_tools=list_tools, on_call_tool=call_tool,
                     instructions="flaloop's commands as tools: each runs `flaloop <command> --json` and returns "
-                                 "its exit code and JSON document. Read the flaloop skill (SKILL.md) first.")
+                                 "its exit code, what it means, its JSON document made compact (`detail: true` "
+                                 "for all of it) and the loop's next step. Read the flaloop skill (SKILL.md) "
+                                 "first.")
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 
@@ -336,8 +265,10 @@ def _version() -> str:
 def mcp_cmd() -> None:
     """Serve flaloop's commands as MCP tools over stdio, for coding agents.
 
-    Tools: list, init, gate, audit, bench, verify, baseline, iter, status, report, sweep, profile; each
-    runs the command with --json and returns its exit code and JSON document, with progress notifications
+    Every command of the loop is a tool (not mcp, demo, skill), its parameters the command's long
+    options with underscores (--target: target, --input: input, -k: k); each runs the command with
+    --json and returns its exit code, what it means, a compact result (the table of cells, the record's
+    path; `detail: true` for the whole document) and the loop's next step, with progress notifications
     while it runs; cancelling a call interrupts it like Ctrl-C. Needs the mcp extra (pip install
     'flaloop[mcp]'). An agent's MCP config: {"command": "flaloop", "args": ["mcp"]}.
     """

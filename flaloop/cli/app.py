@@ -34,6 +34,7 @@ import typer.exceptions
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
 from flaloop import fsutil, git, locks
 from flaloop.errors import FlaloopError
@@ -43,7 +44,39 @@ try:  # typer vendors click from 0.2x on; before, it used click itself
 except ImportError:  # pragma: no cover - older typer
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # noqa: F401
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+# The commands under their headings, in the order a loop runs them: `--help` lists them so, and the
+# MCP server's tools follow COMMAND_ORDER too. A command in no section is listed under "Other".
+COMMAND_SECTIONS = (
+    ("Set up", ("list", "init", "gate", "audit")),
+    ("The loop", ("baseline", "iter", "status", "log", "header", "trap", "reassess", "dispatch", "stop", "report")),
+    ("Measure and look closer", ("bench", "verify", "compare", "sweep", "model", "profile", "explain", "sanitize")),
+    ("Housekeeping and agents", ("clean", "skill", "mcp", "demo")),
+)
+COMMAND_ORDER = tuple(name for _, names in COMMAND_SECTIONS for name in names)
+
+
+class LoopOrderGroup(TyperGroup):
+    """The root command: its commands listed in the loop's order, under COMMAND_SECTIONS' headings."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(self.commands, key=lambda n: (COMMAND_ORDER.index(n) if n in COMMAND_ORDER
+                                                    else len(COMMAND_ORDER), n))
+
+    def format_commands(self, ctx, formatter) -> None:
+        names = [n for n in self.list_commands(ctx) if not self.commands[n].hidden]
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        placed = {n for _, section in COMMAND_SECTIONS for n in section}
+        for title, section in (*COMMAND_SECTIONS, ("Other", tuple(n for n in names if n not in placed))):
+            width = max(len(n) for n in names)  # one column for every heading
+            rows = [(n.ljust(width), self.commands[n].get_short_help_str(limit)) for n in section if n in names]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+app = typer.Typer(cls=LoopOrderGroup, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_show_locals=False, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Make GPU kernels faster without breaking or gaming correctness.")
 
@@ -229,7 +262,9 @@ def command(fn: Callable) -> Callable:
         except KeyboardInterrupt as exc:
             record = getattr(exc, "record_path", None)
             if as_json:
-                emit_json({"ok": False, "error": "interrupted", "exit_code": 130, "record": record})
+                emit_json({"ok": False, "error": "interrupted", "exit_code": 130, "record": record,
+                           "hint": "temporary worktrees and processes were cleaned up; run the command again"
+                                   + (f" (the run record so far: {record})" if record else "")})
             err.print("interrupted: temporary worktrees and processes were cleaned up"
                       + (f"; the run record so far: {record}" if record else ""))
             raise typer.Exit(130) from None
@@ -356,6 +391,9 @@ def with_options(*groups: type) -> Callable[[Callable], Callable]:
             return fn(*args, **kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=params, return_annotation=sig.return_annotation)  # type: ignore[attr-defined]
+        # which group each option came from: `--help` lists them under the group's heading (cli/help.py)
+        wrapper.__option_groups__ = {**getattr(fn, "__option_groups__", {}),  # type: ignore[attr-defined]
+                                     **{name: slots[slot].__name__ for slot in fields for name in fields[slot]}}
         wrapper.__annotations__ = annotations
         del wrapper.__wrapped__  # typer must see the new signature, not the function's own
         return wrapper

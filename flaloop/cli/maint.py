@@ -30,8 +30,8 @@ def clean_cmd(
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Remove old run records, gate logs and sweeps (with their refs/flaloop/sweeps/ refs); keep the newest N
-    and every one an iteration or report cites. Also stops this user's warm fork servers (they start
-    again with the next bench)."""
+    and every one an iteration or report cites. Also stops this checkout's warm fork servers (they start
+    again with the next bench); other checkouts' are left alone."""
     target = Target.discover(repo, python)
     console = human(as_json)
     if not target.workspace(op).is_dir():  # before the lock, which would create the workspace
@@ -42,7 +42,7 @@ def clean_cmd(
         refs = 0 if dry_run else sum(git.drop_refs(target.root, f"sweeps/{stamp}/")
                                      for stamp in workspace.removed_sweeps(plan))
         after = workspace.usage(target, op)
-    stopped = 0 if dry_run else forkservers.stop_all()
+    stopped = 0 if dry_run else forkservers.stop_all(owner=str(target.root))
     if as_json:
         emit_json({"ok": True, "op": op, "dry_run": dry_run, **plan.to_dict(), "usage_before": before,
                    "usage": after, "forkservers_stopped": stopped, "refs_dropped": refs})

@@ -206,6 +206,10 @@ def bench_events(bar, task, cfg: BenchConfig, prefix: str = "bench"):
             against = "the base against itself" if cfg.aa else "base against candidate"
             bar.update(task, description=f"{prefix}: unseen shapes, {against}", completed=info["index"],
                        total=info["total"], last=info["cell"])
+        elif kind in ("unseen-options", "test-calls"):
+            what = "options nobody calls" if kind == "unseen-options" else "the test's own calls"
+            bar.update(task, description=f"{prefix}: {what}", completed=info["index"], total=info["total"],
+                       last=info["cell"])
         elif kind == "round":
             bar.update(task, description=f"{prefix}: round {info['round']}/{info['rounds']}",
                        completed=0, total=None, last=f"{info['cells']} cell(s)")

@@ -132,6 +132,31 @@ def unseen_line(u: dict | None) -> str | None:
     return f"[bold red]{text}[/]" if u.get("differ") else text
 
 
+def replay_lines(record: RunRecord) -> list[str]:
+    """A line (markup) each on the option combinations and the test's own calls the warm-up replayed
+    (bench/options.py, bench/replay.py)."""
+    lines = []
+    for what, part, items in (("unseen options", (record.unseen or {}).get("options"), "combos"),
+                              ("test calls", record.test_calls, "calls")):
+        if not part:
+            continue
+        if part.get("off"):
+            lines.append(f"[yellow]{what}: not checked ({escape(str(part['off']))})[/]")
+            continue
+        share = f" ({part['share']:.0%} of the run)" if part.get("share") is not None else ""
+        text = (f"{what}: {part.get('checked', 0)} checked, {part.get('differ', 0)} differ, "
+                f"{part.get('seconds', 0.0):.1f} s{share}")
+        skips = [x for x in part.get(items) or [] if x.get("status") == "skipped"]
+        if skips:
+            text += f"; {len(skips)} skipped ({escape(str(skips[0].get('why', ''))[:100])})"
+        if part.get("unstable"):
+            text += f"; {part['unstable']} unstable (the base differs from itself there)"
+        if part.get("stopped"):
+            text += f"; stopped early: {escape(part['stopped'])}"
+        lines.append(f"[bold red]{text}[/]" if part.get("differ") else text)
+    return lines
+
+
 def print_bench(record: RunRecord, console: Console) -> None:
     env = record.env or {}
     parts = [env.get("device_name") or env.get("device") or "?"]
@@ -151,8 +176,9 @@ def print_bench(record: RunRecord, console: Console) -> None:
     if record.unverified and last:
         state = "GREEN" if last["green"] else "RED"
         scope = " (signal only, -k)" if last["signal_only"] else ""
+        by = f", by {last['reused_from']}" if str(last.get("reused_from") or "").startswith("iteration") else ""
         console.print(f"gate: not run by this command; the last gate of this exact tree state was {state}{scope} "
-                      f"({last['started']})")
+                      f"({last['started']}{by})")
     elif record.unverified:
         console.print("[bold red]UNVERIFIED: no correctness gate ran before this benchmark "
                       "(`flaloop verify` runs the gate first)[/]", markup=True)
@@ -194,6 +220,8 @@ def print_bench(record: RunRecord, console: Console) -> None:
                       f"({s.n_measured}/{s.n_cells} cells measured)")
     line = unseen_line(record.unseen)
     if line:
+        console.print(line, markup=True)
+    for line in replay_lines(record):
         console.print(line, markup=True)
     if record.primed:
         console.print(f"the warm-up compiled or tuned ({record.primed['new_cache_entries']} new Triton cache "

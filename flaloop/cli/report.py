@@ -198,6 +198,10 @@ def report_cmd(
         console.print(f"REFUSED to claim a win: {', '.join(r['reason'] for r in doc['refused'])}")
         for r in doc["refused"]:
             console.print(f"  {r['reason']}: {r['message']}\n    hint: {r['hint']}")
+    recs = doc["records"]
+    console.print(f"stands on: {recs['claim']} ({recs['claim_complete']})"
+                  + (f"; newer interrupted or partial record(s) not used: {', '.join(recs['skipped'])}"
+                     if recs["skipped"] else ""))
     console.print(f"report: {dest / 'REPORT.md'}")
     raise typer.Exit(0 if doc["claim_ok"] else 1)
 

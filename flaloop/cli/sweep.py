@@ -105,12 +105,13 @@ def _events(bar, rows: dict[str, SweepRow]):
     def on_event(kind: str, key: str | None = None, **info) -> None:
         if key is None or key not in rows:
             return
+        info = {k: v for k, v in info.items() if v is not None}  # a missing value is left out, never "None"
         name = rows[key].ref if rows[key].kind != "head" else rows[key].op
         if key not in tasks:
             tasks[key] = bar.add_task(f"{name}: queued", total=None, last="")
         t = tasks[key]
         if kind == "start":
-            bar.update(t, description=f"{name}: {info.get('where', '')}")
+            bar.update(t, description=f"{name}: started" + (f" on {info['where']}" if info.get("where") else ""))
         elif kind == "gate":
             bar.update(t, description=f"{name}: gate", last="")
         elif kind == "bench":
@@ -120,6 +121,9 @@ def _events(bar, rows: dict[str, SweepRow]):
         elif kind == "unseen":
             bar.update(t, description=f"{name}: unseen shapes", completed=info["index"], total=info["total"],
                        last=info["cell"])
+        elif kind in ("unseen-options", "test-calls"):
+            bar.update(t, description=f"{name}: {'options' if kind == 'unseen-options' else 'test calls'}",
+                       completed=info["index"], total=info["total"], last=info["cell"])
         elif kind == "round":
             bar.update(t, description=f"{name}: round {info['round']}/{info['rounds']}", completed=0, total=None)
         elif kind == "pair":
@@ -127,7 +131,8 @@ def _events(bar, rows: dict[str, SweepRow]):
         elif kind == "retry":
             bar.update(t, description=f"{name}: retried ({info.get('why', '')[:60]})")
         elif kind == "done":
-            bar.update(t, description=f"{name}: {info.get('status')} {info.get('verdict') or ''}", completed=1, total=1)
+            said = " ".join(str(info[k]) for k in ("status", "verdict") if info.get(k)) or "done"
+            bar.update(t, description=f"{name}: {said}", completed=1, total=1)
 
     return on_event
 

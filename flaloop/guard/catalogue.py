@@ -123,6 +123,20 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "1.10x on B8_T1024_H8_D64 while wrong on B1-T64-H2-D32).",
          "make the candidate agree with the base on every shape the base accepts; rerun with the record's "
          "--unseen-seed to reproduce the shape named, or add it to the gate's tests"),
+    Rule("unseen-option-differs", BLOCK, "the candidate differs from the base behind a keyword option the "
+         "registry never sets",
+         "the registry calls the op one way, so the bench's cells and the unseen shapes never reach a path "
+         "behind an option (an initial state, the final state and its gradient, a normalization, a gate "
+         "bound): a kernel wrong only there read SAME/SAME on FLA's history.",
+         "make the candidate agree with the base with every option the base accepts; the record's "
+         "`unseen.options` names the combination and the shape (the same --unseen-seed draws them again)"),
+    Rule("test-call-differs", BLOCK, "the candidate differs from the base on one of the test's own calls",
+         "the gate runs in the candidate's process, where a candidate can loosen the test's judge (rebind "
+         "assert_close to a no-op at import) and read green while wrong on the tests' shapes; the calls "
+         "the test made at the base, replayed with fresh values base against candidate in separate "
+         "processes, do not depend on anything the candidate's process says.",
+         "make the candidate agree with the base on the call named (the record's `test_calls` holds it, "
+         "recorded at the base in the gate's calls.json); --test-calls sets how many are replayed"),
     Rule("unseen-off-path", WARN, "the shapes nobody times ran on another backend than the cells",
          "FLA's backends take a call only where their verifier accepts it (the Gluon AttnRes backend no head "
          "dim under 128 bytes); when every unseen shape, the ones drawn with the cells' own head dims too, "
@@ -282,7 +296,8 @@ RULES[UNEXPLAINED.id] = UNEXPLAINED
 
 
 # Wrong results are not a trade-off a reviewer can accept: these are never allowed.
-NEVER_ALLOWED = frozenset({"differs-from-base", "unseen-shape-differs", "timed-call-differs"})
+NEVER_ALLOWED = frozenset({"differs-from-base", "unseen-shape-differs", "unseen-option-differs", "test-call-differs",
+                           "timed-call-differs"})
 
 
 def known(rule_id: str) -> bool:

@@ -101,14 +101,35 @@ def _defining_file(obj, fallback_module) -> tuple[str | None, str]:
         return getattr(fallback_module, "__file__", None), "attribute"
 
 
+def _param_doc(doc: str, name: str) -> str | None:
+    """The docstring's entry for parameter `name` (its line and the more indented lines after it),
+    where the docstring has one (Google or NumPy style: the line starts with the name)."""
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if text.startswith(name) and text[len(name):len(name) + 1] in (" ", ":", "("):
+            indent = len(line) - len(line.lstrip())
+            out = [text]
+            for more in lines[i + 1:]:
+                if more.strip() and len(more) - len(more.lstrip()) <= indent:
+                    break
+                out.append(more.strip())
+            return " ".join(x for x in out if x)[:500]
+    return None
+
+
 def cmd_op(args) -> dict:
     module = importlib.import_module(args.import_path)
     fn = getattr(module, args.func)
     fn_file, _ = _defining_file(fn, module)
     try:
         sig = inspect.signature(fn)
+        doc = inspect.getdoc(fn) or ""
         params = [
-            {"name": p.name, "kind": str(p.kind), "default": None if p.default is p.empty else repr(p.default)}
+            {"name": p.name, "kind": str(p.kind), "default": None if p.default is p.empty else repr(p.default),
+             "annotation": None if p.annotation is p.empty else
+             (p.annotation if isinstance(p.annotation, str) else inspect.formatannotation(p.annotation)),
+             "doc": _param_doc(doc, p.name)}
             for p in sig.parameters.values()
         ]
         signature = f"{args.func}{sig}"

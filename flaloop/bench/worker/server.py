@@ -16,7 +16,7 @@ import traceback
 
 import torch
 
-from . import integrity, probes, timing
+from . import integrity, probes, replay, timing
 from .backends import served_within
 from .cell import BuiltCell
 from .compare import compare_results, load_dump, open_shared, save_dump, share
@@ -319,7 +319,8 @@ class WorkerServer:
         """Compare my results with the other side's "ref" (a dump file) or "shared" (IPC handles);
         with "subject" (a dump file), those results instead of mine: two dumps made at once, compared
         here without a call (the warm-up's unseen shapes: the base judges the candidate's dump)."""
-        cell = self._cell(req)
+        # two dumps of a replayed call (`replay`) belong to no cell
+        cell = self._cell(req) if req.get('cell') is not None or not req.get('subject') else None
         if not req.get('ref') and not req.get('shared'):
             raise ValueError('compare needs "ref" (a dump file) or "shared" (the other side\'s handles)')
         t0 = time.perf_counter()
@@ -327,7 +328,7 @@ class WorkerServer:
             try:
                 ref = open_shared(req['shared'])
             except Exception as e:  # handles this process cannot map: the session sends a file instead
-                return {'cell': cell.id, 'shared_error': short_error(e)}
+                return {'cell': cell and cell.id, 'shared_error': short_error(e)}
         else:
             ref = load_dump(req['ref'])
         tol = float(req.get('tol', 1e-3))
@@ -342,7 +343,30 @@ class WorkerServer:
             out = compare_results(mine, ref, tol)
         finally:
             del ref  # unmaps the other side's memory
-        return {'cell': cell.id, **out, 'seconds': time.perf_counter() - t0}
+        return {'cell': cell and cell.id, **out, 'seconds': time.perf_counter() - t0}
+
+    def cmd_replay(self, req: dict) -> dict:
+        """One call built from "seed" and either "call" (a test's recorded call: fn, args, kwargs as
+        SPECs) or "cell" with "options" (the registry's call on a cell spec, keyword options added),
+        forward and, with "backward", backward through every output; the results written to "path"
+        (worker/replay.py). A failure to build or to call is this command's error."""
+        seed, backward = int(req.get('seed', 0)), bool(req.get('backward', True))
+        builder = replay.Builder(self.device, seed, self.cfg, (req.get('cell') or {}).get('inputs') or req.get('inputs'))
+        t0 = time.perf_counter()
+        with served_within() as served:
+            if req.get('call'):
+                fn = replay.resolve(req['call']['fn'])
+                args, kwargs = replay.build_test_call(fn, req['call'], builder)
+            else:
+                fn = self.fn
+                args, kwargs = replay.build_option_call(self, req['cell'], req.get('options') or {}, builder)
+            res = replay.run(fn, args, kwargs, builder, backward)
+            if self.device.type == 'cuda':
+                torch.cuda.synchronize()
+        reply = {**save_dump(res, req['path']), 'backends': served, 'seconds': time.perf_counter() - t0}
+        del res, args, kwargs, builder
+        self.after_error()  # what the call allocated goes now: the next one may be larger
+        return reply
 
     def _unshare(self) -> None:
         if self.shared:
