@@ -143,7 +143,8 @@ def test_the_warm_up_skips_what_the_base_refuses_and_blocks_what_the_candidate_g
              "DIES-B2-T2-H1-D16", "NEVER-B1-T7-H2-D48"]
     plan = {"n": 6, "seed": 7, "dtype": "bfloat16", "tol": 0.005, "modes": ["fwd", "fwdbwd"], "off": None,
             "shapes": [{"name": n, "shape": {"B": 1, "T": 8, "H": 1, "D": 4}, "seqlens": None} for n in names]}
-    script = Unseen(crash=("cand", "dump", 7))  # the candidate's worker dies at DIES/fwd: the check stops there
+    # the candidate's worker dies at DIES/fwd (its 8th dump: the first is the cell's differential check)
+    script = Unseen(crash=("cand", "dump", 8))
     s = Session(op="op", cells=CELLS[:1], config=BenchConfig(device="cpu", probes=False, min_pairs=8, rounds=1),
                 trees={"base": tmp_path / "b", "cand": tmp_path / "c"}, launcher=FakeLauncher(script),
                 run_dir=tmp_path / "run", unseen=plan)
@@ -172,6 +173,11 @@ def test_the_warm_up_skips_what_the_base_refuses_and_blocks_what_the_candidate_g
     assert all(p["cell"]["check_only"] for _, _, c, p in seen if c == "setup")
     compares = [(side, p) for _, side, c, p in seen if c == "compare"]
     assert {side for side, _ in compares} == {"base"} and all(p["subject"].endswith("-cand.pt") for _, p in compares)
+    # the base keeps its own results in memory (no file to wait for); nothing of the base's, and no
+    # comparison, is ever asked of the candidate, in the cells' checks or the shapes'
+    assert all(p.get("hold") and "path" not in p for _, side, c, p in seen if c == "dump" and side == "base")
+    cand = [(c, p) for _, side, c, p in script.log if side == "cand"]
+    assert cand and not [c for c, p in cand if c == "compare" or {"ref", "subject", "shared", "subject_shared"} & set(p)]
     assert "unseen shapes checked" in [w for w, _ in out.timeline]
 
 
