@@ -338,3 +338,45 @@ def test_a_backend_that_declines_the_small_shapes_is_checked_on_the_cells_head_d
     else:
         assert served == set() and u["off_path"] == ["toy.toy_attn -> blocked"]
         assert len(warnings) == 1 and not warnings[0]["blocking"]
+
+
+class Narrowed(Script):
+    """The base finds the candidate's results within --diff-tol yet `rel` off (relative RMS), on the
+    cell (`where` "cell") or on the unseen shape ("unseen"); everything else agrees."""
+
+    def __init__(self, rel: float, where: str):
+        super().__init__()
+        self.rel, self.where = rel, where
+
+    def answer(self, worker, cmd, payload):
+        reply = super().answer(worker, cmd, payload)
+        on_cell = str(payload.get("cell")) == "S1/fwd"
+        if cmd == "compare" and not payload.get("kept") and on_cell == (self.where == "cell"):
+            t = {"match": True, "rel_rms": self.rel, "nonfinite_self": 0, "nonfinite_ref": 0, "shape": [1],
+                 "shape_ref": [1]}
+            return {"ok": True, "match": True, "tol": 0.005, "tensors": {"out0": t}}
+        return reply
+
+
+@pytest.mark.parametrize("where", ["cell", "unseen"])
+@pytest.mark.parametrize("dtype, rel, blocked", [("float32", 1.6e-3, True), ("float32", 4e-7, False),
+                                                 ("float16", 1.6e-3, True), ("float16", 2.5e-4, False),
+                                                 ("bfloat16", 4e-3, False)])
+def test_a_difference_within_the_tolerance_but_beyond_the_dtypes_arithmetic_is_precision_narrowed(
+        tmp_path, where, dtype, rel, blocked):
+    cell = Cell("S1", {"B": 1, "T": 8, "H": 1, "D": 4}, "fwd", dtype)
+    plan = {"n": 1, "seed": 0, "dtype": dtype, "tol": 0.005, "modes": ["fwd"], "off": None,
+            "shapes": [{"name": "OK-B1-T9-H1-D4", "shape": {"B": 1, "T": 9, "H": 1, "D": 4}, "seqlens": None}]}
+    s = Session(op="op", cells=[cell], config=BenchConfig(device="cpu", probes=False, min_pairs=8, rounds=1),
+                trees={"base": tmp_path / "b", "cand": tmp_path / "c"}, launcher=FakeLauncher(Narrowed(rel, where)),
+                run_dir=tmp_path / "run", unseen=plan)
+    out = s.run()
+    (res,) = out.results
+    found = [f for f in [*res.findings, *out.run_findings] if f.rule == "precision-narrowed"]
+    assert bool(found) is blocked and all(f.blocking for f in found)
+    assert (res.status == "blocked") is blocked
+    if blocked:
+        (f,) = found
+        assert f"out0 rel-RMS {rel:.3g}" in f.message and dtype in f.message and "--diff-tol 0.005" in f.message
+        assert f.cell == ("S1/fwd" if where == "cell" else "unseen OK-B1-T9-H1-D4/fwd")
+        assert (out.unseen.get("narrowed") == 1) is (where == "unseen")
