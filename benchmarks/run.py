@@ -54,6 +54,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
             --quick (every cell measured), and a bad declaration refused at init (exit 2, the key named)
   model     `flaloop model` in FLA's DeltaNet LM: the A/A, the honest chunk_delta_rule change (step time
             measured beside the op share's prediction), the forward's state accumulator narrowed to bf16
+  precision `precision-narrowed`'s bounds on FLA: chunked against recurrent forms at T=8192 in fp32 and
+            fp16 under them, outputs rounded through bf16/fp16 above them, fp32 products TF32 or not
   evidence  a varlen loop (baseline, an honest iteration, explain, `flaloop sanitize` on the kept change,
             the profile-backed stop --go, report)
 
@@ -93,6 +95,7 @@ from suites_measure import (
 )
 from suites_model import suite_model
 from suites_replay import suite_replay
+from suites_precision import suite_precision
 from suites_survey import suite_survey
 from suites_sweep import suite_sweep
 from suites_timed import suite_timed
@@ -114,7 +117,8 @@ SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "a
           "timer-load": suite_timer_load,
           "gluon": suite_gluon, "tilelang": suite_tilelang, "backends": suite_backends, "timed": suite_timed,
           "declared": suite_declared, "model": suite_model,
-          "redteam": suite_redteam, "replay": suite_replay}
+          "redteam": suite_redteam, "replay": suite_replay,
+          "precision": suite_precision}
 # The full H200 plan: the cold gate needs every GPU; then the A/A and the slowdown split over the
 # GPUs; then the rest, in two lanes (the guard and faults lane, the loop lane); verify last.
 # Each phase is a list of lanes (lists of suites); lane i runs on GPU i when there are several.

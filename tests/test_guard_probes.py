@@ -6,6 +6,7 @@ probe) and `flaloop.guard.dynamic` judges the two reports, as the session does."
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -222,13 +223,20 @@ def make_tree(root, op_src: str, init_src: str = ""):
 CELL = cell("c", mode="fwd", dtype="float32", seed=1)
 
 
-def report(w: Driver, tmp, name: str, ref: str | None = None) -> tuple[dict, dict | None]:
+def report(w: Driver, tmp, name: str, base: Driver | None = None) -> tuple[dict, dict | None]:
+    """A side's probes; with `base`, its mutated results dumped and judged by the base (warmup.exchange)."""
     w.ok("setup", cell=CELL)
     r = w.ok("probe", cell="c")
-    if ref is None:
-        w.ok("dump", cell="c", mutated=True, path=str(tmp / f"{name}-mutated.pt"))
+    w.ok("dump", cell="c", mutated=True, path=str(tmp / f"{name}-mutated.pt"))
+    if base is None:
         return r["probes"], None
-    return r["probes"], w.ok("compare", cell="c", mutated=True, ref=ref, tol=0.005)
+    with _BASE:  # one base worker judges every candidate
+        judged = base.ok("compare", cell="c", mutated=True, ref=str(tmp / "base-mutated.pt"),
+                         subject=str(tmp / f"{name}-mutated.pt"), tol=0.005)
+    return r["probes"], judged
+
+
+_BASE = threading.Lock()
 
 
 @pytest.fixture(scope="module")
@@ -247,14 +255,13 @@ def judged(tmp_path_factory):
     try:
         base_hello = workers["base"].ok("hello")
         base, _ = report(workers["base"], tmp, "base")
-        ref = str(tmp / "base-mutated.pt")
 
         def judge_one(name: str) -> list:
             w = workers[name]
             hello = w.ok("hello")
             found = judge.integrity(base_hello.get("integrity") or [], hello.get("integrity") or [])
             if name not in TIMER_CHEATS:
-                cand, mutated = report(w, tmp, name, ref)
+                cand, mutated = report(w, tmp, name, workers["base"])
                 found += judge.cell_findings("c", base, cand, mutated, diff_tol=0.005)
             return found
 

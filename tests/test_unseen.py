@@ -143,7 +143,8 @@ def test_the_warm_up_skips_what_the_base_refuses_and_blocks_what_the_candidate_g
              "DIES-B2-T2-H1-D16", "NEVER-B1-T7-H2-D48"]
     plan = {"n": 6, "seed": 7, "dtype": "bfloat16", "tol": 0.005, "modes": ["fwd", "fwdbwd"], "off": None,
             "shapes": [{"name": n, "shape": {"B": 1, "T": 8, "H": 1, "D": 4}, "seqlens": None} for n in names]}
-    script = Unseen(crash=("cand", "dump", 7))  # the candidate's worker dies at DIES/fwd: the check stops there
+    # the candidate's worker dies at DIES/fwd (its 8th dump: the first is the cell's differential check)
+    script = Unseen(crash=("cand", "dump", 8))
     s = Session(op="op", cells=CELLS[:1], config=BenchConfig(device="cpu", probes=False, min_pairs=8, rounds=1),
                 trees={"base": tmp_path / "b", "cand": tmp_path / "c"}, launcher=FakeLauncher(script),
                 run_dir=tmp_path / "run", unseen=plan)
@@ -172,6 +173,11 @@ def test_the_warm_up_skips_what_the_base_refuses_and_blocks_what_the_candidate_g
     assert all(p["cell"]["check_only"] for _, _, c, p in seen if c == "setup")
     compares = [(side, p) for _, side, c, p in seen if c == "compare"]
     assert {side for side, _ in compares} == {"base"} and all(p["subject"].endswith("-cand.pt") for _, p in compares)
+    # the base keeps its own results in memory (no file to wait for); nothing of the base's, and no
+    # comparison, is ever asked of the candidate, in the cells' checks or the shapes'
+    assert all(p.get("hold") and "path" not in p for _, side, c, p in seen if c == "dump" and side == "base")
+    cand = [(c, p) for _, side, c, p in script.log if side == "cand"]
+    assert cand and not [c for c, p in cand if c == "compare" or {"ref", "subject", "shared", "subject_shared"} & set(p)]
     assert "unseen shapes checked" in [w for w, _ in out.timeline]
 
 
@@ -332,3 +338,52 @@ def test_a_backend_that_declines_the_small_shapes_is_checked_on_the_cells_head_d
     else:
         assert served == set() and u["off_path"] == ["toy.toy_attn -> blocked"]
         assert len(warnings) == 1 and not warnings[0]["blocking"]
+
+
+class Narrowed(Script):
+    """The base finds the candidate's results within --diff-tol yet `rel` off (relative RMS), on the
+    cell's warm-up (`where` "cell"), its kept timed calls ("timed") or the unseen shape ("unseen");
+    everything else agrees."""
+
+    def __init__(self, rel: float, where: str):
+        super().__init__()
+        self.rel, self.where = rel, where
+
+    def answer(self, worker, cmd, payload):
+        reply = super().answer(worker, cmd, payload)
+        if cmd == "probe":  # the timed calls are checked with the probes on: none of them reports anything
+            return {"ok": True, "probes": {}}
+        if cmd == "selfcheck":
+            return {"ok": True, "match": True, "checks": {}}
+        on_cell = str(payload.get("cell")) == "S1/fwd"
+        here = "unseen" if not on_cell else "timed" if payload.get("kept") else "cell"
+        if cmd == "compare" and here == self.where:
+            t = {"match": True, "rel_rms": self.rel, "nonfinite_self": 0, "nonfinite_ref": 0, "shape": [1],
+                 "shape_ref": [1]}
+            return {"ok": True, "match": True, "tol": 0.005, "tensors": {"out0": t}}
+        return reply
+
+
+@pytest.mark.parametrize("where", ["cell", "timed", "unseen"])
+@pytest.mark.parametrize("dtype, rel, blocked", [("float32", 1.6e-3, True), ("float32", 4e-7, False),
+                                                 ("float16", 1.6e-3, True), ("float16", 2.5e-4, False),
+                                                 ("bfloat16", 4e-3, False)])
+def test_a_difference_within_the_tolerance_but_beyond_the_dtypes_arithmetic_is_precision_narrowed(
+        tmp_path, where, dtype, rel, blocked):
+    cell = Cell("S1", {"B": 1, "T": 8, "H": 1, "D": 4}, "fwd", dtype)
+    plan = {"n": 1, "seed": 0, "dtype": dtype, "tol": 0.005, "modes": ["fwd"], "off": None,
+            "shapes": [{"name": "OK-B1-T9-H1-D4", "shape": {"B": 1, "T": 9, "H": 1, "D": 4}, "seqlens": None}]}
+    s = Session(op="op", cells=[cell], config=BenchConfig(device="cpu", probes=where == "timed", min_pairs=8, rounds=1),
+                trees={"base": tmp_path / "b", "cand": tmp_path / "c"}, launcher=FakeLauncher(Narrowed(rel, where)),
+                run_dir=tmp_path / "run", unseen=plan)
+    out = s.run()
+    (res,) = out.results
+    found = [f for f in [*res.findings, *out.run_findings] if f.rule == "precision-narrowed"]
+    assert bool(found) is blocked and all(f.blocking for f in found)
+    assert (res.status == "blocked") is blocked
+    if blocked:
+        (f,) = found
+        assert f"out0 rel-RMS {rel:.3g}" in f.message and dtype in f.message and "--diff-tol 0.005" in f.message
+        assert f.cell == ("unseen OK-B1-T9-H1-D4/fwd" if where == "unseen" else "S1/fwd")
+        assert (res.pairs == []) is (where != "timed")  # the warm-up's check blocks before any timing
+        assert (out.unseen.get("narrowed") == 1) is (where == "unseen")

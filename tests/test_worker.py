@@ -343,9 +343,27 @@ def test_identical_trees_dump_identically_and_compare_exact(workers, tmp_path, m
     for name in expected:
         assert torch.equal(tb[name], tc[name]), name  # same seed -> same inputs on both sides
         assert tb[name].abs().sum() > 0
-    r = cand.ok('compare', cell=c['id'], ref=str(tmp_path / 'base.pt'), tol=1e-6)
+    r = base.ok('compare', cell=c['id'], subject=str(tmp_path / 'cand.pt'), tol=1e-6)
     assert r['match'] is True
     assert all(t['rel_rms'] == 0.0 and t['max_abs'] == 0.0 for t in r['tensors'].values()), r
+
+
+def test_only_the_base_judges_and_it_holds_its_own_results_in_memory(workers, tmp_path):
+    base, cand = workers('base'), workers('cand')
+    c = cell('judge', seed=6)
+    base.ok('setup', cell=c)
+    cand.ok('setup', cell=c)
+    d = cand.ok('dump', cell='judge', path=str(tmp_path / 'cand.pt'))
+    # a candidate is never handed another side's results, nor asked for a verdict
+    for theirs in ({'ref': d['path']}, {'subject': d['path']}, {'shared': 'x'}):
+        r = cand.req('compare', cell='judge', tol=1e-6, **theirs)
+        assert r['ok'] is False and 'base only' in r['error'], r
+    held = base.ok('dump', cell='judge', hold=True)
+    assert held['held'] is True and 'path' not in held and held['names'] == d['names']
+    assert not list(tmp_path.glob('*base*'))
+    r = base.ok('compare', cell='judge', subject=d['path'], tol=1e-6)
+    assert r['match'] is True and r['tensors']['out0']['rel_rms'] == 0.0
+    assert base.req('dump', cell='judge', hold=True, mutated=True)['ok'] is False
 
 
 def test_seed_changes_inputs(workers, tmp_path):
@@ -403,15 +421,14 @@ def test_different_candidate_mismatches_without_crash(workers, tmp_path):
     c = cell('diff', seed=5)
     base.ok('setup', cell=c)
     off.ok('setup', cell=c)
-    base.ok('dump', cell='diff', path=str(tmp_path / 'ref.pt'))
-    r = off.ok('compare', cell='diff', ref=str(tmp_path / 'ref.pt'), tol=1e-3)
+    off.ok('dump', cell='diff', path=str(tmp_path / 'off.pt'))
+    r = base.ok('compare', cell='diff', subject=str(tmp_path / 'off.pt'), tol=1e-3)
     assert r['match'] is False
     assert r['tensors']['out0']['rel_rms'] == pytest.approx(0.01, rel=1e-3)
     assert r['tensors']['out0']['match'] is False
     # the extra output exists only on this side: a name mismatch, reported, not a crash
     assert r['tensors']['out2']['missing'] == 'ref' and r['tensors']['out2']['match'] is False
     # and the other way round
-    off.ok('dump', cell='diff', path=str(tmp_path / 'off.pt'))
     r = base.ok('compare', cell='diff', ref=str(tmp_path / 'off.pt'), tol=1.0)
     assert r['match'] is False and r['tensors']['out2']['missing'] == 'self'
     assert r['tensors']['out0']['match'] is True
@@ -437,7 +454,7 @@ def test_nan_candidate_reports_nonfinite(workers, tmp_path):
     base.ok('dump', cell='nan', path=str(tmp_path / 'ref.pt'))
     d = nan.ok('dump', cell='nan', path=str(tmp_path / 'nan.pt'))
     assert d['nonfinite']['out0'] == 1
-    r = nan.ok('compare', cell='nan', ref=str(tmp_path / 'ref.pt'), tol=1.0)
+    r = base.ok('compare', cell='nan', subject=str(tmp_path / 'nan.pt'), tol=1.0)
     assert r['match'] is False
     assert r['tensors']['out0']['nonfinite_self'] == 1 and r['tensors']['out0']['nonfinite_ref'] == 0
     r = base.ok('compare', cell='nan', ref=str(tmp_path / 'nan.pt'), tol=1.0)

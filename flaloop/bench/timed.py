@@ -17,8 +17,8 @@ them all. Here the checked call is one of the timed ones:
   round equally likely to be the one checked, the last as much as the first, for about ln(n) + 1
   copies a round, each after its own sample's events or as its call returns.
 - Both sides keep the same call; the candidate's copy crosses to the base (CUDA IPC handles on a
-  GPU, a file otherwise) and the base judges it within --diff-tol: nothing of the judging runs in
-  the candidate's process.
+  GPU, a file otherwise) and the base judges it within --diff-tol, and within what the cell dtype's
+  arithmetic explains (`precision-narrowed`): nothing of the judging runs in the candidate's process.
 
 Functions of a `Session` (bench/session.py), called from bench/sampling.py.
 """
@@ -85,6 +85,16 @@ def check(s: Session, res: CellResult, at: dict) -> bool:
         return True
     out["checked"] = out.get("checked", 0) + 1
     if c.get("match"):
+        # within --diff-tol, and yet more than the dtype's arithmetic explains: narrowed while timed
+        narrowed = dynamic.precision_finding(res.cell.id, res.cell.dtype, c, aa=s.cfg.aa)
+        if narrowed is None:
+            return True
+        entry["narrowed"] = narrowed.message
+        (f,) = apply_allowances([narrowed], s.allowed)
+        res.findings.append(f)
+        if f.blocking:
+            res.status, res.reason = "blocked", f"guard: {f.rule}"
+            return False
         return True
     out["differ"] = out.get("differ", 0) + 1
     f = dynamic.timed_call_finding(res.cell.id, at, worst, c.get("tol"), aa=s.cfg.aa)

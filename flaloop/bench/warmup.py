@@ -2,10 +2,11 @@
 
 For every cell, both sides before any timed sample: set up (build inputs, compile, autotune,
 capture and prove the CUDA graph; the base calibrates k), the base's results finite (else the
-inputs are outside the op's domain: refused), the candidate's equal to the base's (else blocked),
-and the guard's probes on both sides, the mutation probe among them (docs/GUARD.md). Results
-cross from base to candidate as CUDA IPC handles on a GPU, a file otherwise
-(bench/worker/compare.py). Then, once a run, base against candidate on a few small shapes nobody
+inputs are outside the op's domain: refused), the candidate's equal to the base's (else blocked)
+and no less precise than its dtype's arithmetic explains (`precision-narrowed`), and the guard's
+probes on both sides, the mutation probe among them (docs/GUARD.md). Results cross from the
+candidate to the base, which judges them (CUDA IPC handles on a GPU, a file otherwise;
+bench/worker/compare.py): nothing of the base's ever reaches the candidate's process. Then, once a run, base against candidate on a few small shapes nobody
 times (`check_unseen`; the draw: bench/unseen.py).
 
 Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
@@ -82,12 +83,15 @@ def warm_cell(s: Session, res: CellResult) -> None:
         res.findings = [dynamic.finding("differs-from-base", res.reason, res.cell.id)]  # never allowable: it is wrong
         return None
     # one side on another backend: the bench would time the switch, not the change
-    served = dynamic.backend_findings(res.cell.id, base.get("backends") or {}, cand.get("backends") or {},
-                                      cand_env=s.cfg.cand_env)
+    found = dynamic.backend_findings(res.cell.id, base.get("backends") or {}, cand.get("backends") or {},
+                                     cand_env=s.cfg.cand_env)
+    # within --diff-tol, and yet more than the dtype's own arithmetic explains: a narrower dtype
+    narrowed = dynamic.precision_finding(res.cell.id, res.cell.dtype, cmp_, aa=s.cfg.aa)
+    found += [narrowed] if narrowed else []
     if s.cfg.probes:
-        probe(s, res, served)
-    elif served:
-        judge(s, res, served)
+        probe(s, res, found)
+    elif found:
+        judge(s, res, found)
     return None
 
 
@@ -100,28 +104,34 @@ def judge(s: Session, res: CellResult, found: list) -> None:
 
 
 def exchange(s: Session, res: CellResult, mutated: bool) -> dict | None:
-    """The base's results on set 0 (with `mutated`: on inputs changed in place) compared in the
-    candidate with its own; None when a side failed (the cell is failed). On a GPU the results
-    cross as CUDA IPC handles; where that is impossible, as a file in the run directory."""
+    """The candidate's results on set 0 (with `mutated`: on inputs changed in place) judged by the
+    base against its own, computed there after the candidate's; None when a side failed (the cell
+    is failed). Nothing of the base's reaches the candidate's process: no result, no path, no
+    verdict formed there (a candidate that walks its caller's frames finds only its own inputs).
+    On a GPU the candidate's results cross as CUDA IPC handles; where that is impossible, as a
+    file in the run directory."""
     dump = s.run_dir / f"{'mutated' if mutated else 'dump'}-{s.results.index(res)}.pt"
     share = s.out.transfer["how"] == "cuda-ipc"
     try:
-        d = s.ask("base", "dump", s.cfg.worker_timeout, cell=res.cell.id, path=str(dump), mutated=mutated, share=share)
+        d = s.ask("cand", "dump", s.cfg.worker_timeout, cell=res.cell.id, path=str(dump), mutated=mutated, share=share)
         if not d.get("ok"):
-            return s.fail(res, "base", d)
+            return s.fail(res, "cand", d)
         if share and not d.get("shared"):
-            s.out.transfer = {"how": "file", "why": d.get("share_error") or "the base could not share"}
-        ref = {"shared": d["shared"]} if d.get("shared") else {"ref": str(dump)}
-        c = s.ask("cand", "compare", s.cfg.worker_timeout, cell=res.cell.id, tol=s.cfg.diff_tol, mutated=mutated, **ref)
-        if d.get("shared"):
-            s.ask("base", "unshare", 120)
-            if c.get("shared_error"):  # the candidate could not map the handles: the file, from now on
-                s.out.transfer = {"how": "file", "why": f"the candidate could not map them: {c['shared_error']}"}
-                return exchange(s, res, mutated)
+            s.out.transfer = {"how": "file", "why": d.get("share_error") or "the candidate could not share"}
+        subject = {"subject_shared": d["shared"]} if d.get("shared") else {"subject": str(dump)}
+        try:
+            c = s.ask("base", "compare", s.cfg.worker_timeout, cell=res.cell.id, tol=s.cfg.diff_tol, mutated=mutated,
+                      **subject)
+        finally:
+            if d.get("shared"):
+                s.ask("cand", "unshare", 120)
+        if c.get("shared_error"):  # the base could not map the handles: the file, from now on
+            s.out.transfer = {"how": "file", "why": f"the base could not map them: {c['shared_error']}"}
+            return exchange(s, res, mutated)
     finally:
         dump.unlink(missing_ok=True)
     if not c.get("ok"):
-        return s.fail(res, "cand", c)
+        return s.fail(res, "base", c)
     return c
 
 
@@ -200,7 +210,9 @@ def check_unseen(s: Session) -> None:
     finally:
         out["seconds"] = round(time.monotonic() - t0, 3)
         s.broken = None  # the warm-up pair is closed next: a context these shapes broke measures nothing
-        s._add_run_findings(found)  # unseen-shape-differs is never allowable: it is wrong
+        # unseen-shape-differs is never allowable: it is wrong; precision-narrowed is, by the contract
+        s._add_run_findings(apply_allowances([f for f in found if f.rule == "precision-narrowed"], s.allowed)
+                            + [f for f in found if f.rule != "precision-narrowed"])
 
 
 def _check_shapes(s: Session, shapes: list[dict], out: dict, found: list, on_path: bool = False) -> str | None:
@@ -227,6 +239,9 @@ def _check_shapes(s: Session, shapes: list[dict], out: dict, found: list, on_pat
         out["differ"] += status == "differs"
         out["skipped"] += status == "skipped"
         out["unstable"] += status == "unstable"
+        if verdict.get("narrowed") and not out["aa"]:
+            out["narrowed"] = out.get("narrowed", 0) + 1
+            found.append(dynamic.finding("precision-narrowed", f"{cid}: {verdict['narrowed']}", f"unseen {cid}"))
         if status == "differs":
             found.append(dynamic.finding("unseen-shape-differs", f"{cid} ({out['dtype']}): {verdict['why']}; "
                                          f"a shape no bench cell or shape config uses (drawn with --unseen-seed "
@@ -266,17 +281,18 @@ def _worst(cmp_: dict) -> tuple[str, dict]:
 
 def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> tuple[dict, str | None]:
     """({status: match | differs | skipped, why, worst}, why the check must stop or None) of one
-    (shape, mode). Both sides set up at once (inputs only: `check_only`) and dump their results
-    at once (their one call each, side by side); the base then compares the candidate's dump with
-    its own (no call, and nothing of the judging in the candidate's process). Files, not CUDA IPC:
-    the tensors are small, and both dumps must exist together. `served` gets, per side, the
+    (shape, mode). Both sides set up at once (inputs only: `check_only`) and make their one call
+    each at once, side by side: the candidate dumps its results to a file, the base keeps its own
+    in memory (`hold`: no file of the base's that the candidate could wait for); the base then
+    compares the candidate's dump with them (no call, and nothing of the judging in the
+    candidate's process). A file, not CUDA IPC: the tensors are small. `served` gets, per side, the
     backends that served that one call (bench/worker/backends.served_within)."""
     from flaloop.bench.session import STICKY_CUDA  # (session imports this module)
 
     cell = Cell(shp["name"], dict(shp["shape"]), mode, s.unseen["dtype"], tuple(shp["seqlens"]) if shp.get("seqlens")
                 else None)
     wire = {**cell.to_wire(s.cfg, 1, "eager"), "n_sets": 1, "check_only": True}
-    dumps = {side: s.run_dir / f"unseen-{index}-{side}.pt" for side in ("base", "cand")}
+    dump = s.run_dir / f"unseen-{index}-cand.pt"  # the base's results stay in its memory (`hold`)
 
     def skipped(why: str, stop: str | None = None):
         return {"status": "skipped", "why": f"the base refuses it: {why[:300]}"}, stop
@@ -310,14 +326,13 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> t
         if isinstance(got, tuple):
             live = got[1] is None
             return got
-        got = both("dump", {side: {"cell": cell.id, "path": str(path)} for side, path in dumps.items()})
+        got = both("dump", {"base": {"cell": cell.id, "hold": True}, "cand": {"cell": cell.id, "path": str(dump)}})
         if isinstance(got, tuple):
             live = got[1] is None
             return got
-        served.update({side: dynamic.backend_keys(got[side].get("backends")) for side in dumps})
+        served.update({side: dynamic.backend_keys(got[side].get("backends")) for side in ("base", "cand")})
         try:
-            c = s.ask("base", "compare", s.cfg.worker_timeout, cell=cell.id, ref=str(dumps["base"]),
-                      subject=str(dumps["cand"]), tol=s.cfg.diff_tol)
+            c = s.ask("base", "compare", s.cfg.worker_timeout, cell=cell.id, subject=str(dump), tol=s.cfg.diff_tol)
         except WorkerFailed as exc:
             live = False
             return {"status": "skipped", "why": f"the base's worker died comparing: {exc.message}"}, "the base's worker died"
@@ -332,7 +347,8 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> t
         worst = {"tensor": name, **{k: t.get(k) for k in ("rel_rms", "max_abs", "nonfinite_self", "shape", "shape_ref",
                                                          "missing")}}
         if c.get("match"):
-            return {"status": "match", "worst": worst}, None
+            narrowed = dynamic.precision_finding(f"unseen {cell.id}", s.unseen["dtype"], c)
+            return {"status": "match", "worst": worst, **({"narrowed": narrowed.message} if narrowed else {})}, None
         rel = t.get("rel_rms")
         how = (f"{name} missing on the {'candidate' if t['missing'] == 'self' else 'base'}" if t.get("missing") else
                f"{name} shape {t.get('shape')} vs the base's {t.get('shape_ref')}" if t.get("shape") != t.get("shape_ref")
@@ -342,8 +358,7 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> t
         return {"status": "differs", "why": f"candidate differs from base: {how}{nf}", "worst": worst,
                 "tensors": tensors}, None
     finally:
-        for path in dumps.values():
-            path.unlink(missing_ok=True)
+        dump.unlink(missing_ok=True)
         if live:
             try:
                 s.release(CellResult(cell))

@@ -137,6 +137,13 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
          "processes, do not depend on anything the candidate's process says.",
          "make the candidate agree with the base on the call named (the record's `test_calls` holds it, "
          "recorded at the base in the gate's calls.json); --test-calls sets how many are replayed"),
+    Rule("precision-narrowed", BLOCK, "the candidate differs from the base by more than reordering the cell "
+                                      "dtype's arithmetic explains, though within --diff-tol",
+         "rounding the inputs, the outputs or an accumulator through a narrower dtype (bf16, fp16, TF32) is "
+         "cheaper and stays inside a loose tolerance (a bf16 round trip of an fp32 output: rel-RMS 0.0017, "
+         "under the 0.005 default); with the dtype named at run time no static rule reads it.",
+         "compute in the cell's dtype; if the base itself runs fp32 at TF32 (its own reorderings differ by "
+         "about 2e-4), allow `precision-narrowed` in the contract with that reason"),
     Rule("unseen-off-path", WARN, "the shapes nobody times ran on another backend than the cells",
          "FLA's backends take a call only where their verifier accepts it (the Gluon AttnRes backend no head "
          "dim under 128 bytes); when every unseen shape, the ones drawn with the cells' own head dims too, "

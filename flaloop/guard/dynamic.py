@@ -291,3 +291,42 @@ def timed_call_finding(cell: str, at: dict, worst: dict, tol: float | None, aa: 
         return finding("timed-call-differs", msg + " (A/A: the base against itself, reported, not blocking)",
                        cell, severity=WARN)
     return finding("timed-call-differs", msg, cell)
+
+
+# How far (relative RMS) a candidate may differ from the base, per cell dtype, before the difference
+# is more than reordering the arithmetic in that dtype explains. An fp32 reduction reordered (other
+# chunk sizes, another split of the sum) moves results by a few unit roundoffs times the growth of a
+# sum (sqrt(n) for rounding that does not align; n at worst): a linear-attention recurrence over
+# T=8192, D=64 in fp32 differs by 3.8e-7 between chunk sizes 32 and 64, and a decay accumulated in a
+# long cumsum reads exp(G_i - G_j) with an absolute error near u*|G|, about 5e-5 with |G| in the
+# hundreds. Rounding through a narrower dtype is far above that: through fp16 2.1e-4 (the output)
+# to 3.5e-4 (the inputs), TF32 products 2e-4 to 4e-4, bf16 1.7e-3 (the output) to 2.9e-3 (the
+# inputs) (docs/GUARD.md, "precision-narrowed", has the measurement). fp16 cells hold their
+# outputs in fp16: two honest orders differ by up to an fp16 rounding (about 2.8e-4), bf16 by 1.6e-3.
+# bf16 cells have no narrower dtype in common use below them; their differences are --diff-tol's.
+PRECISION_BOUNDS = {"float32": 1e-4, "float16": 8e-4}
+# what rounding through each narrower dtype gives, for the finding's words (fp32 cells)
+_NARROWED = "rounding through fp16 gives about 2e-4, TF32 2e-4 to 4e-4, bf16 1.7e-3 to 2.9e-3"
+
+
+def precision_finding(where: str, dtype: str, cmp_: dict, aa: bool = False,
+                      bounds: dict[str, float] | None = None) -> Finding | None:
+    """`precision-narrowed` when a comparison that matched within --diff-tol (bench/worker/compare.
+    compare_results: the candidate's results against the base's) still differs by more than the
+    cell dtype's arithmetic can explain; None otherwise, or for a dtype with no bound. In an A/A
+    both sides are the base: reported, not blocking."""
+    bound = (bounds or PRECISION_BOUNDS).get(str(dtype).replace("torch.", ""))
+    if bound is None or not cmp_.get("match"):
+        return None
+    rels = {n: t["rel_rms"] for n, t in (cmp_.get("tensors") or {}).items() if t.get("rel_rms") is not None}
+    if not rels:
+        return None
+    name = max(rels, key=rels.get)
+    if rels[name] <= bound:
+        return None
+    msg = (f"{name} rel-RMS {rels[name]:.3g} against the base on {dtype} inputs, above the {bound:.0e} that "
+           f"reordering {dtype} arithmetic explains (within --diff-tol {cmp_.get('tol')}; {_NARROWED})")
+    if aa:
+        return finding("precision-narrowed", msg + " (A/A: the base against itself, reported, not blocking)",
+                       where, severity=WARN)
+    return finding("precision-narrowed", msg, where)

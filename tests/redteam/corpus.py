@@ -8,10 +8,11 @@ Two layers run here on the CPU, each set up once per test process and shared by 
 - `probed(name, edits)`: the bench's warm-up and self-check, driven through the real worker protocol
   as the session drives them (bench/warmup.py, bench/sampling.self_check): one base worker, forked
   from the warm fork server and shared, and one candidate worker per planted tree; `hello`
-  (`timer-patched`), the differential check (`differs-from-base`), the probes and the comparison on
-  inputs changed in place (`guard.dynamic.cell_findings`), timed samples then `selfcheck`
-  (`self-check`), and with `unseen` the unseen-shape comparison (`unseen-shape-differs`). The
-  findings are judged by the same functions the session calls.
+  (`timer-patched`), the differential check (`differs-from-base`, and `precision-narrowed`: the
+  candidate dumps, the base judges), the probes and the comparison on inputs changed in place
+  (`guard.dynamic.cell_findings`), timed samples then `selfcheck` (`self-check`), and with `unseen`
+  the unseen-shape comparison (`unseen-shape-differs`, `precision-narrowed`). The findings are
+  judged by the same functions the session calls.
 - `host_timed(name, edits)`: paired samples as the session takes them, each side's request timed
   around its round trip in this process, judged by `timer-host-gap` (guard/timing.py) with the
   integrity watch's violations kept apart.
@@ -258,16 +259,27 @@ def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = S
 
         if ask("hello") is None or seen or ask("setup", cell=_cell("c", dict(subject.shape), reference=True)) is None:
             return out
-        out.diff = ask("compare", cell="c", ref=str(dumps / "base.pt"), tol=DIFF_TOL)
+        def judged(mutated: bool) -> dict | None:
+            """The candidate dumps; the base judges (warmup.exchange): nothing of the base's in its process."""
+            path = dumps / f"{name}{'-mutated' if mutated else ''}.pt"
+            if ask("dump", cell="c", path=str(path), mutated=mutated) is None:
+                return None
+            with _lock:  # the base's own results were dumped once at its setup: the same call, not repeated
+                return base.ok("compare", cell="c", subject=str(path), tol=DIFF_TOL, mutated=mutated,
+                               ref=str(dumps / f"base{'-mutated' if mutated else ''}.pt"))
+
+        out.diff = judged(False)
         if out.diff is None:
             return out
         if not out.diff.get("match"):
             out.findings.append(dynamic.finding("differs-from-base", f"{out.diff.get('tensors')}", "c"))
             return out
+        narrowed = dynamic.precision_finding("c", "float32", out.diff)
         cand = ask("probe", cell="c")
-        mutated = ask("compare", cell="c", mutated=True, ref=str(dumps / "base-mutated.pt"), tol=DIFF_TOL)
+        mutated = judged(True)
         if cand is None or mutated is None:
             return out
+        out.findings += [narrowed] if narrowed else []
         out.findings += dynamic.cell_findings("c", base_probes, cand["probes"], mutated, DIFF_TOL)
         if out.blocking:
             return out
@@ -282,6 +294,8 @@ def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = S
             out.unseen = _unseen(base, ask, name, dumps)
             if out.unseen is not None and not out.unseen.get("match"):
                 out.findings.append(dynamic.finding("unseen-shape-differs", f"{UNSEEN}: {out.unseen.get('tensors')}"))
+            narrowed = dynamic.precision_finding("unseen", "float32", out.unseen or {})
+            out.findings += [narrowed] if narrowed else []
         return out
     finally:
         out.findings += dynamic.integrity(base_hello.get("integrity") or [], seen)

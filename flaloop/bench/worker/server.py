@@ -19,7 +19,7 @@ import torch
 from . import integrity, probes, replay, timing
 from .backends import served_within
 from .cell import BuiltCell
-from .compare import compare_results, load_dump, open_shared, save_dump, share
+from .compare import compare_results, describe, load_dump, open_shared, save_dump, share
 from .model import ModelCell, ModelRefused
 from .protocol import InitError, send, serve, short_error
 from .target import LAZY_RAN, apply_backend_env, import_op, load_registry, loaded_outside, source_file
@@ -48,6 +48,7 @@ class WorkerServer:
         self.side = args.side
         self.cells: dict[str, BuiltCell] = {}
         self.shared: dict = {}  # results another process maps through CUDA IPC (`dump` with share)
+        self.held: dict = {}  # results a `dump` with hold keeps for this side's own `compare`
         self.init_error = None
         self.cfg = self.fn = self.mod = None
         self.device = None
@@ -292,15 +293,24 @@ class WorkerServer:
 
     def cmd_dump(self, req: dict) -> dict:
         """My results for the other side: with "share", as CUDA IPC handles that stay valid until
-        `unshare` (or the next dump); else, or when they cannot be shared, written to "path"."""
+        `unshare` (or the next dump); else, or when they cannot be shared, written to "path". With
+        "hold" (no path), kept here in memory for this side's own `compare` of the other side's dump:
+        two dumps made at once without a file of this side's on disk."""
         cell = self._cell(req)
         path = req.get('path')
-        if not path and not req.get('share'):
-            raise ValueError('dump needs "path" (or "share": true on a GPU)')
+        if not path and not req.get('share') and not req.get('hold'):
+            raise ValueError('dump needs "path" (or "share": true on a GPU, or "hold": true)')
         self._unshare()
+        self.held.pop(cell.id, None)
         t0 = time.perf_counter()
         with served_within() as served:  # which backend this call ran on (the unseen shapes' coverage)
             res = self._results(cell, req)
+        if req.get('hold'):
+            if req.get('mutated') or req.get('kept'):
+                raise ValueError('dump with "hold" keeps set 0\'s plain results only')
+            self.held[cell.id] = res
+            return {'cell': cell.id, 'held': True, **describe(res), 'backends': served,
+                    'seconds': time.perf_counter() - t0}
         why = None
         if req.get('share'):
             try:
@@ -316,33 +326,44 @@ class WorkerServer:
                 'seconds': time.perf_counter() - t0}
 
     def cmd_compare(self, req: dict) -> dict:
-        """Compare my results with the other side's "ref" (a dump file) or "shared" (IPC handles);
-        with "subject" (a dump file), those results instead of mine: two dumps made at once, compared
-        here without a call (the warm-up's unseen shapes: the base judges the candidate's dump)."""
-        # two dumps of a replayed call (`replay`) belong to no cell
-        cell = self._cell(req) if req.get('cell') is not None or not req.get('subject') else None
-        if not req.get('ref') and not req.get('shared'):
-            raise ValueError('compare needs "ref" (a dump file) or "shared" (the other side\'s handles)')
+        """Judge the other side's results: "subject" (a dump file) or "subject_shared" (IPC handles)
+        against mine (a call now, set 0 or with "mutated" its mutated results; or what a `dump` with
+        "hold" kept; or "ref", a dump file of mine made at once with the other's). Without a subject,
+        "ref"/"shared" are the other side's and are compared with mine; with "kept", the other side's
+        kept timed call against mine.
+
+        Only the base judges: a candidate's process never holds, loads or is told the path of the
+        base's results, so nothing it runs (its caller's stack frames, the garbage collector) can
+        copy them, and no verdict is formed where it could be rewritten."""
+        # two dumps of a replayed call (`replay`: "subject" and "ref") belong to no cell
+        cell = (self._cell(req) if req.get('cell') is not None or not (req.get('subject') or req.get('subject_shared'))
+                else None)
+        if self.side != 'base':
+            raise ValueError('compare runs in the base only: the candidate dumps its results and the base judges them')
+        theirs_key = next((k for k in ('subject_shared', 'subject', 'shared', 'ref') if req.get(k)), None)
+        if theirs_key is None:
+            raise ValueError('compare needs the other side\'s results: "subject" (a dump file) or "subject_shared" '
+                             '(its handles)')
         t0 = time.perf_counter()
-        if req.get('shared'):
-            try:
-                ref = open_shared(req['shared'])
-            except Exception as e:  # handles this process cannot map: the session sends a file instead
-                return {'cell': cell and cell.id, 'shared_error': short_error(e)}
-        else:
-            ref = load_dump(req['ref'])
-        tol = float(req.get('tol', 1e-3))
-        if req.get('kept'):  # the other side's timed call ("ref" or "shared") judged against mine
-            try:
-                out = compare_kept(ref, _kept(cell), tol)
-            finally:
-                del ref
-            return {'cell': cell.id, **out, 'seconds': time.perf_counter() - t0}
-        mine = load_dump(req['subject']) if req.get('subject') else self._results(cell, req)
         try:
-            out = compare_results(mine, ref, tol)
+            theirs = open_shared(req[theirs_key]) if theirs_key.endswith('shared') else load_dump(req[theirs_key])
+        except Exception as e:  # handles this process cannot map: the session sends a file instead
+            if not theirs_key.endswith('shared'):
+                raise
+            return {'cell': cell and cell.id, 'shared_error': short_error(e)}
+        tol = float(req.get('tol', 1e-3))
+        try:
+            if req.get('kept'):  # the other side's timed call judged against mine
+                out = compare_kept(theirs, _kept(cell), tol)
+            elif theirs_key.startswith('subject'):
+                mine = (load_dump(req['ref']) if req.get('ref') else
+                        self.held.pop(cell.id, None) if cell and not req.get('mutated') and cell.id in self.held else
+                        self._results(cell, req))
+                out = compare_results(theirs, mine, tol)
+            else:  # "ref"/"shared" without a subject: the other side's as the reference, mine as the subject
+                out = compare_results(self._results(cell, req), theirs, tol)
         finally:
-            del ref  # unmaps the other side's memory
+            del theirs  # unmaps the other side's memory
         return {'cell': cell and cell.id, **out, 'seconds': time.perf_counter() - t0}
 
     def cmd_replay(self, req: dict) -> dict:
@@ -368,6 +389,7 @@ class WorkerServer:
         self.after_error()  # what the call allocated goes now: the next one may be larger
         return reply
 
+
     def _unshare(self) -> None:
         if self.shared:
             self.shared = {}
@@ -381,6 +403,7 @@ class WorkerServer:
 
     def _release(self, cid: str) -> bool:
         self._unshare()
+        self.held.pop(cid, None)
         cell = self.cells.pop(cid, None)
         if cell is None:
             return False
