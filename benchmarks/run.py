@@ -94,8 +94,8 @@ from suites_measure import (
     suite_verify,
 )
 from suites_model import suite_model
-from suites_replay import suite_replay
 from suites_precision import suite_precision
+from suites_replay import suite_replay
 from suites_survey import suite_survey
 from suites_sweep import suite_sweep
 from suites_timed import suite_timed
