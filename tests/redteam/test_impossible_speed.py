@@ -88,3 +88,30 @@ def test_a_memoized_op_whose_other_findings_are_allowed_is_blocked_by_its_roofli
     assert r.code == 1, summary(r)
     rules = {f["rule"] for f in r.json["guard"]["findings"] if f["blocking"]}
     assert "below-floor" in rules, summary(r)
+
+
+@pytest.mark.parametrize("name", sorted(MEMOS))
+def test_the_memo_serves_its_result_again_until_an_input_or_the_result_is_written(name):
+    """The plant does what the GPU test needs of it, on the CPU with a stand-in for the op: one call
+    per input state, another after an input changes in place or after a result it handed out was
+    written (the graph proof's NaN), so that only the timing can tell."""
+    import torch
+
+    calls = []
+
+    def chunk_delta_rule(q, k, v, beta):
+        calls.append(1)
+        return q + k + v + beta, None
+
+    ns = {"chunk_delta_rule": chunk_delta_rule}
+    exec(MEMOS[name][0][3], ns)
+    memo = ns["chunk_delta_rule"]
+    x = {n: torch.ones(4) for n in ("q", "k", "v", "beta")}
+    first = memo(**x)
+    assert memo(**x) is first and len(calls) == 1
+    first[0].detach().fill_(float("nan"))
+    assert torch.isfinite(memo(**x)[0]).all() and len(calls) == 2
+    x["k"].add_(1)
+    assert memo(**x)[0][0].item() == 5.0 and len(calls) == 3
+    memo(**x)
+    assert len(calls) == 3
