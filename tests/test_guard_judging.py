@@ -83,6 +83,41 @@ def test_l2_side_streams_library_kernels_and_settings_fire_on_the_candidate_only
     assert rules(base, tf32, aa=True) == set()
 
 
+def test_every_kernel_moved_to_one_side_stream_is_side_work_and_the_marker_is_not_counted():
+    from flaloop.bench.worker.probes import MARKER_KERNEL, census_of
+
+    def kernel(name, stream, ts):
+        return {"cat": "kernel", "name": name, "args": {"stream": stream}, "ts": ts}
+
+    marker = kernel(f"at::cuda::{MARKER_KERNEL}(long)", 7, 0)
+    base = census_of([marker, kernel("chunk_fwd", 7, 5), kernel("chunk_o", 7, 9)], {}, marked=True)
+    # the op's every kernel on one new stream: one stream, as the base has, but not the calling one
+    moved = census_of([kernel("chunk_o", 21, 9), marker, kernel("chunk_fwd", 21, 5)], {}, marked=True)
+    assert base["n_streams"] == moved["n_streams"] == 1
+    assert (base["calling_stream"], base["side_stream_kernels"]) == (7, {})
+    assert (moved["calling_stream"], moved["side_stream_kernels"]) == (7, {"21": 2})
+    assert moved["own_gpu_kernels"] == 2 and MARKER_KERNEL not in str(moved["kernels"])
+    assert rules(_report(census=base), _report(census=moved)) == {"side-stream"}
+    # the base's own side stream is its behaviour; one more on the candidate is not
+    assert rules(_report(census=moved), _report(census=moved)) == set()
+    more = census_of([marker, kernel("a", 21, 5), kernel("b", 22, 6)], {}, marked=True)
+    assert rules(_report(census=moved), _report(census=more)) == {"side-stream"}
+    # no marker (a torch without it): the first kernel's stream stands for the calling one
+    assert census_of([kernel("a", 3, 1), kernel("b", 4, 2)], {}, marked=False)["side_stream_kernels"] == {"4": 1}
+    # a candidate without any kernel has no own kernel, whatever the marker launched
+    assert census_of([marker], {}, marked=True)["own_gpu_kernels"] == 0
+
+
+def test_a_persisting_limit_is_judged_when_the_window_could_not_be_read():
+    refused = {"checked": True, "persisting_limit_bytes": 0, "window_bytes": None}
+    set_limit = {**refused, "persisting_limit_bytes": 4 << 20}
+    assert rules(_report(l2=refused), _report(l2=set_limit)) == {"l2-persisting"}
+    assert rules(_report(l2=refused), _report(l2=refused)) == set()
+    # a read that failed on the candidate is no reading, not a zero and not a finding
+    unread = {"checked": True, "persisting_limit_bytes": None, "window_bytes": 0}
+    assert rules(_report(l2=set_limit), _report(l2=unread)) == set()
+
+
 def test_integrity_violations_the_base_shares_are_the_libraries_not_a_cheat():
     shared = "torch.manual_seed was replaced (now defined in .../torch/_compile.py)"  # seen on the H200
     assert judge.integrity([shared], [shared]) == []

@@ -191,7 +191,7 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
     Rule("library-compute", BLOCK, "library GEMM/attention calls the base does not make",
          "benchmarks someone else's library (cuBLAS, SDPA), usually at another precision.",
          "keep the compute in the op's kernels, or justify the library call"),
-    Rule("side-stream", BLOCK, "kernels on more streams than the base",
+    Rule("side-stream", BLOCK, "more kernels off the calling stream, or on more streams, than the base",
          "work on a side stream escapes the events recorded on the timed stream.",
          "run on the current stream"),
     Rule("output-subclass", BLOCK, "an output is a tensor subclass",

@@ -188,7 +188,14 @@ def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_
             names = sorted({**(cc.get("library_ops") or {}), **(cc.get("library_kernels") or {})})
             out.append(finding("library-compute", f"{lib_c} library GEMM/attention call(s) vs {lib_b} on the base: "
                                + ", ".join(names[:6]), cell))
-        if (cc.get("n_streams") or 0) > max(1, bc.get("n_streams") or 0):
+        side_b, side_c = bc.get("side_stream_kernels") or {}, cc.get("side_stream_kernels") or {}
+        if len(side_c) > len(side_b) or sum(side_c.values()) > sum(side_b.values()):
+            # the calling stream is the one the timer's events are recorded on: kernels elsewhere
+            # are work it does not wait for, even when the op's every kernel moved to one stream
+            out.append(finding("side-stream", f"{sum(side_c.values())} kernel(s) on {len(side_c)} stream(s) other "
+                               f"than the calling one (base: {sum(side_b.values())} on {len(side_b)}; "
+                               f"{cc.get('n_streams')} stream(s) in all)", cell))
+        elif (cc.get("n_streams") or 0) > max(1, bc.get("n_streams") or 0):
             out.append(finding("side-stream", f"kernels on {cc['n_streams']} streams (base: {bc.get('n_streams')})",
                                cell))
 
@@ -206,8 +213,9 @@ def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_
 
     bl, cl = base.get("l2") or {}, cand.get("l2") or {}
     if cl.get("checked"):
+        # each value read on its own: one the runtime refused (None) leaves the other judged
         for key, label in (("persisting_limit_bytes", "persisting-L2 limit"), ("window_bytes", "access-policy window")):
-            if (cl.get(key) or 0) > (bl.get(key) or 0):
+            if cl.get(key) is not None and cl[key] > (bl.get(key) or 0):
                 out.append(finding("l2-persisting", f"{label} {cl[key]} bytes (base {bl.get(key)})", cell))
 
     diffs = numeric_differences(base.get("numeric") or {}, cand.get("numeric") or {}, expected=cand_env)

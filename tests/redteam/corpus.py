@@ -155,9 +155,10 @@ def static_blocks(edits: list[tuple]) -> set[str]:
 
 # -- the bench's dynamic layer ------------------------------------------------------------------------
 
-def _cell(cid: str, shape: dict, **kw) -> dict:
-    return {"id": cid, "shape": dict(shape), "mode": "fwd", "dtype": "float32", "seed": 1, "inputs": {},
-            "seqlens": None, "k": None, "timer": "auto", "sample_ms": 0.2, **kw}
+def _cell(cid: str, shape: dict, subject: Subject | None = None, **kw) -> dict:
+    subject = subject or MINI
+    return {"id": cid, "shape": dict(shape), "mode": "fwd", "dtype": subject.dtype, "seed": 1,
+            "inputs": dict(subject.inputs), "seqlens": None, "k": None, "timer": "auto", "sample_ms": 0.2, **kw}
 
 
 @dataclass
@@ -169,33 +170,56 @@ class Probed:
     unseen: dict | None = None       # the base's comparison of the candidate's unseen-shape dump
     times_ms: list = field(default_factory=list)  # the candidate's timed samples, per call
     error: str | None = None         # a worker that failed a request (a crash, a refusal)
+    probes: dict = field(default_factory=dict)  # both sides' probe reports ({"base": ..., "cand": ...})
 
     @property
     def blocking(self) -> set[str]:
         return {f.rule for f in self.findings if f.blocking}
 
     def show(self) -> str:
-        lines = [f"{f.severity} {f.rule}: {f.message}" for f in self.findings]
-        return "\n".join(lines + ([f"error: {self.error}"] if self.error else [])) or "(no finding)"
+        """The findings, a worker's error, and what the probes that judge the GPU's side channels
+        read on each side (streams, L2), so that a miss says which reading was not there."""
+        lines = [f"{f.severity} {f.rule}: {f.message}" for f in self.findings] or ["(no finding)"]
+        if self.error:
+            lines.append(f"error: {self.error}")
+        if not self.probes:
+            lines.append(f"the probes did not run (differential check: {None if self.diff is None else self.diff.get('match')})")
+        for side, rep in self.probes.items():
+            census = rep.get("census") or {}
+            lines.append(f"{side} census: " + (str(census["error"]) if "error" in census else
+                         f"{census.get('n_streams')} stream(s), calling stream {census.get('calling_stream')} "
+                         f"(by {census.get('calling_stream_by')}), side-stream kernels "
+                         f"{census.get('side_stream_kernels')}, own kernels {census.get('own_gpu_kernels')}"))
+            lines.append(f"{side} l2: {rep.get('l2')}")
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)
 class Subject:
     """A target the dynamic layer runs on: a source tree copied per candidate (its `.git` left out),
-    its op, the device and the cell's shape. minifla on the CPU by default; `fla_subject()` on a GPU."""
+    its op, the device, the cell's shape, dtype and input transforms (`--input`, as pairs).
+    minifla on the CPU by default; `fla_subject()` on a GPU."""
     root: Path = MINIFLA
     op: str = OP
     device: str = "cpu"
     shape: tuple = tuple(SHAPE.items())
+    dtype: str = "float32"
+    inputs: tuple = ()
 
 
 MINI = Subject()
 FLA_ROOT = Path(__file__).resolve().parents[2] / ".fla"
 
 
+# FLA's registry draws q and k from randn; the delta rules need unit-norm keys (their tests normalize
+# them), else the state grows without bound and the base gives non-finite values
+FLA_INPUTS = (("q", "l2norm"), ("k", "l2norm"))
+
+
 def fla_subject(op: str = "chunk_delta_rule") -> Subject:
-    """Real FLA at the repo's `.fla/` on the GPU, at a shape of FLA's own registry."""
-    return Subject(FLA_ROOT, op, "cuda", (("B", 4), ("T", 1024), ("H", 8), ("D", 64)))
+    """Real FLA at the repo's `.fla/` on the GPU, at a shape of FLA's own registry, in bf16 (the
+    registry's dtype: FLA's delta rules refuse fp32) with unit-norm q and k."""
+    return Subject(FLA_ROOT, op, "cuda", (("B", 4), ("T", 1024), ("H", 8), ("D", 64)), "bfloat16", FLA_INPUTS)
 
 
 def _tree(name: str, edits: list[tuple], subject: Subject = MINI) -> Path:
@@ -218,7 +242,9 @@ def _base(subject: Subject = MINI):
             w = Driver(_tree("base", [], subject), subject.op, "base", device=subject.device, forked=True)
             atexit.register(w.close)
             hello = w.ok("hello")
-            w.ok("setup", cell=_cell("c", dict(subject.shape)))
+            setup = w.ok("setup", cell=_cell("c", dict(subject.shape), subject))
+            bad = {n: c for n, c in (setup.get("nonfinite") or {}).items() if c}
+            assert not bad, f"the base gives non-finite values on {subject}: {bad} (an input transform missing?)"
             probes = w.ok("probe", cell="c")["probes"]
             dumps = _scratch() / "dumps" / f"{subject.op}-{subject.device}"
             w.ok("dump", cell="c", path=str(dumps / "base.pt"))
@@ -257,7 +283,12 @@ def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = S
                 return None
             return r
 
-        if ask("hello") is None or seen or ask("setup", cell=_cell("c", dict(subject.shape), reference=True)) is None:
+        # a violation the base's hello shows too is the libraries' (torch._dynamo replaces
+        # torch.manual_seed on import), not the candidate's: only one of its own stops the checks
+        base_seen = base_hello.get("integrity") or []
+        if ask("hello") is None or any(v not in base_seen for v in seen):
+            return out
+        if ask("setup", cell=_cell("c", dict(subject.shape), subject, reference=True)) is None:
             return out
         def judged(mutated: bool) -> dict | None:
             """The candidate dumps; the base judges (warmup.exchange): nothing of the base's in its process."""
@@ -280,6 +311,7 @@ def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = S
         if cand is None or mutated is None:
             return out
         out.findings += [narrowed] if narrowed else []
+        out.probes = {"base": base_probes, "cand": cand["probes"]}
         out.findings += dynamic.cell_findings("c", base_probes, cand["probes"], mutated, DIFF_TOL)
         if out.blocking:
             return out

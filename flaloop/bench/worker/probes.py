@@ -9,11 +9,12 @@ timing: they may patch allocators or wrap Triton's launcher, and undo it before 
   determinism  two calls on the same inputs, bit for bit or their largest relative difference
   poison       every allocation made during one call comes back NaN-filled (and, on a GPU, the
                allocator's free blocks too): outputs that stay non-finite were never written
-  census       Triton launches, GPU kernels and library ops (GEMM, attention) of one call, and
-               how many streams the kernels ran on
+  census       Triton launches, GPU kernels and library ops (GEMM, attention) of one call, how
+               many streams the kernels ran on, and the kernels on streams other than the calling one
   numeric      torch backend flags, matmul precision, Triton's language knobs and the TRITON_*,
                FLA_*, TORCH_*, CUDA_* ... environment, after the first call
-  l2           the persisting-L2 limit and the current stream's access-policy window (GPU)
+  l2           the persisting-L2 limit, the device's largest, and the current stream's access-policy
+               window, each read on its own (GPU)
   graph        under the graph timer, the kernels one replay of the proven graph of k calls runs,
                per call, against the census's eager call: kernels launched outside the capture,
                or skipped while capturing, are missing from the replay (GPU)
@@ -252,6 +253,21 @@ def graph_census(cell) -> dict:
             'missing': missing}
 
 
+# A kernel of a known name launched on the calling stream just before the call: the stream its
+# trace event names is the one the timer's events are recorded on, so that kernels on any other
+# stream are side work, however many streams there are (a plant that moves every kernel of the op
+# onto one new stream runs on one stream, as the base does).
+MARKER_KERNEL = 'spin_kernel'
+
+
+def _mark_calling_stream(cell) -> bool:
+    sleep = getattr(torch.cuda, '_sleep', None)
+    if not cell.is_cuda or sleep is None:
+        return False
+    sleep(1)
+    return True
+
+
 def census(cell) -> dict:
     # The autograd profiler that torch.profiler.profile wraps, the same Kineto trace: the wrapper's
     # first start imports torch._inductor (for a cudagraphs setting), 1.2-2 s on a 2-core CPU in a
@@ -264,26 +280,43 @@ def census(cell) -> dict:
         trace = os.path.join(tmp, 'trace.json')
         with _count_triton_launches(launches), profile(use_cpu=True, use_device='cuda' if cell.is_cuda else None,
                                                        use_kineto=True) as prof:
+            marked = _mark_calling_stream(cell)
             cell.results(s)
         prof.export_chrome_trace(trace)
         with open(trace) as f:
             events = json.load(f).get('traceEvents', [])
+    return census_of(events, launches, marked)
+
+
+def census_of(events: list[dict], launches: dict, marked: bool) -> dict:
+    """The census's counts from one call's trace events; with `marked`, the first kernel named
+    MARKER_KERNEL is the calling stream's marker, left out of the counts. Without the marker, the
+    calling stream is the stream of the first kernel by start time."""
     ops: dict = {}
     kernels: dict = {}
-    streams = set()
-    for e in events:
+    streams: dict = {}  # stream -> kernels
+    calling = None
+    for e in sorted(events, key=lambda e: e.get('ts') or 0):
         cat, name = e.get('cat'), e.get('name', '')
         if cat == 'kernel':
-            kernels[name] = kernels.get(name, 0) + 1
             stream = (e.get('args') or {}).get('stream')
+            if marked and calling is None and MARKER_KERNEL in name:
+                calling = stream
+                continue
+            kernels[name] = kernels.get(name, 0) + 1
             if stream is not None:
-                streams.add(stream)
+                streams[stream] = streams.get(stream, 0) + 1
+                if calling is None and not marked:
+                    calling = stream
         elif cat == 'cpu_op' and name in LIBRARY_OPS:
             ops[name] = ops.get(name, 0) + 1
     library_kernels = {k: n for k, n in kernels.items() if library_kernel(k)}
     own_kernels = sum(n for k, n in kernels.items() if k not in library_kernels)
+    side = {str(st): n for st, n in streams.items() if calling is not None and st != calling}
     return {'triton_launches': launches, 'library_ops': ops, 'kernels': kernels, 'library_kernels': library_kernels,
-            'own_gpu_kernels': own_kernels, 'n_streams': len(streams)}
+            'own_gpu_kernels': own_kernels, 'n_streams': len(streams),
+            'calling_stream': calling, 'calling_stream_by': 'marker' if marked and calling is not None else 'first kernel',
+            'side_stream_kernels': side}
 
 
 # -- persisting L2 (GPU): read through the CUDA runtime the process already loaded -------------------
@@ -301,6 +334,9 @@ CUDA_LIMIT_PERSISTING_L2 = 0x06
 CUDA_STREAM_ATTR_ACCESS_POLICY_WINDOW = 1
 
 
+CUDA_DEV_ATTR_MAX_PERSISTING_L2 = 108
+
+
 def _cudart():
     with open('/proc/self/maps') as f:
         paths = {line.split()[-1] for line in f if 'libcudart' in line}
@@ -313,19 +349,36 @@ def _cudart():
 
 
 def l2_persisting(cell) -> dict:
+    """The persisting-L2 limit, the device's largest one and the current stream's access-policy
+    window, each read on its own: a read the runtime refuses (the window of a legacy default
+    stream, say) leaves the others judged. A value whose read failed is None."""
     if not cell.is_cuda:
         return {'checked': False, 'why': 'no GPU'}
     rt = _cudart()
     if rt is None:
         return {'checked': False, 'why': 'libcudart is not loaded in this process'}
-    limit = ctypes.c_size_t(0)
-    err = rt.cudaDeviceGetLimit(ctypes.byref(limit), CUDA_LIMIT_PERSISTING_L2)
-    value = _StreamAttrValue()
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    err2 = rt.cudaStreamGetAttribute(stream, CUDA_STREAM_ATTR_ACCESS_POLICY_WINDOW, ctypes.byref(value))
-    return {'checked': err == 0 and err2 == 0, 'why': f'cuda errors {err}, {err2}' if err or err2 else '',
-            'persisting_limit_bytes': int(limit.value),
-            'window_bytes': int(value.accessPolicyWindow.num_bytes)}
+    # prototypes, so that size_t and pointers cross as 64-bit values
+    rt.cudaDeviceGetLimit.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
+    rt.cudaDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+    rt.cudaStreamGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    rt.cudaGetLastError.argtypes = []
+    limit, max_size, value = ctypes.c_size_t(0), ctypes.c_int(0), _StreamAttrValue()
+    errors = {
+        'limit': rt.cudaDeviceGetLimit(ctypes.byref(limit), CUDA_LIMIT_PERSISTING_L2),
+        'max': rt.cudaDeviceGetAttribute(ctypes.byref(max_size), CUDA_DEV_ATTR_MAX_PERSISTING_L2,
+                                         torch.cuda.current_device()),
+        'window': rt.cudaStreamGetAttribute(ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+                                            CUDA_STREAM_ATTR_ACCESS_POLICY_WINDOW, ctypes.byref(value)),
+    }
+    if any(errors.values()):
+        rt.cudaGetLastError()  # a refused read must not stay the thread's last error for torch to find
+    bad = {k: e for k, e in errors.items() if e}
+    return {'checked': not errors['limit'] or not errors['window'],
+            'why': ', '.join(f'{k}: cuda error {e}' for k, e in bad.items()),
+            'errors': errors,
+            'persisting_limit_bytes': None if errors['limit'] else int(limit.value),
+            'max_persisting_bytes': None if errors['max'] else int(max_size.value),
+            'window_bytes': None if errors['window'] else int(value.accessPolicyWindow.num_bytes)}
 
 
 def run_all(cell) -> dict:
