@@ -1,0 +1,754 @@
+"""Inside the gate's pytest: what the frozen test runs and what pytest reports are the originals.
+
+Loaded by flaloop_gate_plugin before any conftest or target import; never imports flaloop.
+The candidate's code shares this process with the frozen test, so it could change what the test
+executes without touching a file. `Integrity` takes, before that code can run, the identities of
+the library namespaces the test judges with (torch, numpy, math, builtins, pytest, pluggy, this
+plugin) and compiles every frozen file afresh from disk; `check()` then reports each difference
+the tree made (`Change`), by route:
+
+  rebind       a name of a checked namespace (a module's or class's attribute) is another object
+  code-swap    a function's `__code__`, defaults or closure cells replaced
+  frozen-code  a function or class of a frozen module whose code is not its file's on disk
+  frozen-value a constant of a frozen module that is not what its source evaluates to
+  import-swap  a name a frozen module imported is not the object of the module it names
+  sys-modules  a frozen module's `sys.modules` entry is not the module loaded from its file
+  report-hook  a hook implementation, a plugin or pluggy's hook caller added or removed by the tree
+  torch-mode   a torch function or dispatch mode left on the stack, a trace function set
+  test-item    a collected test's function or parameters changed after collection
+
+A change is the frozen files' own (their fixtures, their `monkeypatch`) when the new object is
+defined in a frozen file, or was set by `MonkeyPatch` called from one; those are not reported.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import os
+import sys
+import types
+
+MISSING = object()
+# Namespaces whose objects the frozen test judges or reports with; submodules named here only.
+LIB_MODULES = ("builtins", "math", "operator", "functools", "torch", "torch.testing", "torch.testing._comparison",
+               "torch.nn.functional", "torch.functional", "torch.autograd", "torch.autograd.function",
+               "torch.linalg", "torch.special", "torch.fft", "torch._tensor", "numpy", "numpy.testing",
+               "unittest.mock")
+LIB_PREFIXES = ("pytest", "_pytest", "pluggy", "xdist", "flaloop_gate_plugin", "flaloop_gate_integrity",
+                "flaloop_lifeline")
+# Entries pytest itself rewrites while it runs (the assertion plugin binds its comparison hooks
+# per test; the capture plugin swaps streams): their values, not their code, change.
+VOLATILE = {("_pytest.assertion.util", "_reprcompare"), ("_pytest.assertion.util", "_assertion_pass"),
+            ("_pytest.assertion.util", "_config"), ("builtins", "_"), ("_pytest.assertion.rewrite", "_config"),
+            ("flaloop_lifeline", "_armed")}
+# pytest sets state on its own classes and modules while it runs (the debugger's config, legacy
+# ini readers); a value set there is pytest's when its code lives in these packages, verified
+# against the file it names.
+RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "xdist", "execnet")
+_compile = builtins.compile
+_isinstance = builtins.isinstance
+_getattr = builtins.getattr
+
+
+class Change(dict):
+    """One difference: route, what changed, and where the new object's code lives."""
+
+    def __init__(self, route: str, what: str, origin: str | None, setter: str | None = None):
+        super().__init__(route=route, what=what, origin=origin, setter=setter)
+
+
+def _unwrap(obj, through=None):
+    """The function under partials, method wrappers and triton's JIT objects (or obj). A
+    `functools.wraps` wrapper is a function of its own: it is looked through only where
+    `through(wrapper)` says so (a library's decorator), never by default."""
+    for _ in range(12):
+        if _isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        elif _isinstance(obj, functools.partial):
+            obj = obj.func
+        elif _isinstance(obj, types.MethodType):
+            obj = obj.__func__
+        elif _isinstance(obj, property):
+            obj = obj.fget
+        elif _isinstance(obj, types.FunctionType) and "__wrapped__" in _getattr(obj, "__dict__", {}) \
+                and through is not None and through(obj):
+            obj = obj.__dict__["__wrapped__"]
+        elif not _isinstance(obj, (types.FunctionType, type)) and _isinstance(_getattr(obj, "fn", None),
+                                                                                  types.FunctionType):
+            obj = obj.fn  # triton.jit, autotune and heuristics keep the function as .fn
+        else:
+            break
+    return obj
+
+
+def origin(obj) -> str | None:
+    """The file of the code behind `obj`: a function's, a class's module's, a code object's."""
+    obj = _unwrap(obj)
+    if _isinstance(obj, types.CodeType):
+        return obj.co_filename
+    code = _getattr(obj, "__code__", None)
+    if _isinstance(code, types.CodeType):
+        return code.co_filename
+    cls = obj if _isinstance(obj, type) else type(obj)
+    mod = sys.modules.get(_getattr(cls, "__module__", "") or "")
+    f = _getattr(mod, "__file__", None)
+    if f and cls.__module__ not in ("builtins",):
+        return f
+    return None
+
+
+def same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """Equal bytecode, names and constants, nested code objects compared the same way (line
+    numbers and file names aside)."""
+    if a is b:
+        return True
+    for attr in ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount",
+                 "co_posonlyargcount", "co_kwonlyargcount", "co_flags", "co_name"):
+        if _getattr(a, attr) != _getattr(b, attr):
+            return False
+    if len(a.co_consts) != len(b.co_consts):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts, strict=True):
+        if _isinstance(x, types.CodeType) or _isinstance(y, types.CodeType):
+            if not (_isinstance(x, types.CodeType) and _isinstance(y, types.CodeType) and same_code(x, y)):
+                return False
+        elif type(x) is not type(y) or (x != y and repr(x) != repr(y)):
+            return False
+    return True
+
+
+def _codes(code: types.CodeType, out: dict) -> dict:
+    out.setdefault(_getattr(code, "co_qualname", code.co_name), []).append(code)
+    for c in code.co_consts:
+        if _isinstance(c, types.CodeType):
+            _codes(c, out)
+    return out
+
+
+class FrozenFile:
+    """A frozen module's source as read before any target code ran, and what it defines."""
+
+    def __init__(self, path: str, source: bytes):
+        self.path, self.source = path, source
+        self.tree = ast.parse(source)
+        self.variants: list[dict] | None = None  # qualname -> [code], per legitimate compilation
+        top = self.tree.body
+        self.defs = {n.name for n in _top_nodes(top) if _isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                          ast.ClassDef))}
+        assigned: dict[str, int] = {}
+        for n in _top_nodes(top):
+            for t in _targets(n):
+                assigned[t] = assigned.get(t, 0) + 1
+        globals_decl = {name for n in ast.walk(self.tree) if _isinstance(n, ast.Global) for name in n.names}
+        self.bound = set(assigned) | {name for n in ast.walk(self.tree) if _isinstance(n, ast.Global)
+                                      for name in n.names}
+        self.constants = {}
+        for n in _top_nodes(top):
+            if _isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+                names = _targets(n)
+                if len(names) == 1 and assigned.get(names[0]) == 1 and names[0] not in globals_decl \
+                        and names[0] not in self.defs:
+                    self.constants[names[0]] = n.value
+        self.imports = []  # (local name, module, attribute or None)
+        for n in _top_nodes(top):
+            if _isinstance(n, ast.ImportFrom) and n.module is not None or _isinstance(n, ast.ImportFrom) and n.level:
+                for a in n.names:
+                    if a.name != "*" and assigned.get(a.asname or a.name) == 1:
+                        self.imports.append((a.asname or a.name, ("." * n.level) + (n.module or ""), a.name))
+            elif _isinstance(n, ast.Import):
+                for a in n.names:
+                    local = a.asname or a.name.split(".")[0]
+                    if assigned.get(local) == 1:
+                        self.imports.append((local, a.name if a.asname else a.name.split(".")[0], None))
+
+    def compiled(self, config) -> list[dict]:
+        """The file compiled plainly, and as pytest's assertion rewriter would (test files, conftests)."""
+        if self.variants is None:
+            self.variants = [_codes(_compile(self.source, self.path, "exec", dont_inherit=True), {})]
+            try:
+                from _pytest.assertion.rewrite import rewrite_asserts
+                tree = ast.parse(self.source)
+                rewrite_asserts(tree, self.source, self.path, config)
+                self.variants.append(_codes(_compile(tree, self.path, "exec", dont_inherit=True), {}))
+            except Exception:  # noqa: BLE001 - no rewriter: the plain compilation is the only legitimate one
+                pass
+        return self.variants
+
+
+def _top_nodes(body):
+    """Module-level statements, also those inside top-level if/try blocks."""
+    for n in body:
+        if _isinstance(n, (ast.If, ast.Try)):
+            yield from _top_nodes(n.body)
+            yield from _top_nodes(getattr(n, "orelse", []))
+            for h in getattr(n, "handlers", []):
+                yield from _top_nodes(h.body)
+            yield from _top_nodes(getattr(n, "finalbody", []))
+        else:
+            yield n
+
+
+def _targets(n) -> list[str]:
+    if _isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [n.name]
+    if _isinstance(n, ast.Assign):
+        return [x.id for t in n.targets for x in ast.walk(t) if _isinstance(x, ast.Name)]
+    if _isinstance(n, (ast.AnnAssign, ast.AugAssign)):
+        return [n.target.id] if _isinstance(n.target, ast.Name) else []
+    if _isinstance(n, ast.ImportFrom):
+        return [a.asname or a.name for a in n.names]
+    if _isinstance(n, ast.Import):
+        return [a.asname or a.name.split(".")[0] for a in n.names]
+    return []
+
+
+class _Unknown(Exception):
+    pass
+
+
+class Integrity:
+    """The snapshot taken before the tree's code runs, and the checks against it."""
+
+    def __init__(self, tree_root: str, frozen: list[str]):
+        self.root = tree_root.rstrip(os.sep)
+        self.real_root = os.path.realpath(self.root)
+        self.env = dict(os.environ)
+        self.frozen: dict[str, FrozenFile] = {}
+        for rel in frozen:
+            if rel.endswith(".py"):
+                path = os.path.join(self.root, rel)
+                try:
+                    with open(path, "rb") as fh:
+                        self.frozen[os.path.realpath(path)] = FrozenFile(path, fh.read())
+                except (OSError, SyntaxError, ValueError):
+                    continue
+        self.entries: dict[tuple, object] = {}     # (namespace, name) -> object
+        self.spaces: dict[str, object] = {}        # namespace label -> module or class
+        self.funcs: dict[int, tuple] = {}          # id -> (label, func, code, defaults, kwdefaults, cells)
+        self.modules: dict[str, object] = {}       # module name -> module object at the snapshot
+        self.plugins: dict[int, object] = {}
+        self.impls: set[tuple] = set()
+        self.hookexec = None
+        self.setters: dict[tuple, str] = {}        # (id(obj), name) -> file that set it through MonkeyPatch/audit
+        self.reported: set[tuple] = set()
+        self.audit_changes: list[Change] = []
+        self.items: dict[str, tuple] = {}
+        self.constants: dict[tuple, object] = {}   # (file, name) -> expected value
+        self.checks = 0
+        self.config = None
+        self.library_codes: dict[str, dict] = {}
+        self.class_keys: dict[str, tuple] = {}     # label -> (class, its own names, the MRO)
+        self.builtin_names = {k for k in vars(builtins) if not k.startswith("__")}
+
+    # -- where code lives ---------------------------------------------------------------------
+
+    def in_tree(self, path: str | None) -> bool:
+        if not path:
+            return False
+        p = os.path.abspath(path)
+        return p.startswith(self.root + os.sep) or os.path.realpath(p).startswith(self.real_root + os.sep)
+
+    def is_frozen(self, path: str | None) -> bool:
+        return bool(path) and os.path.realpath(path) in self.frozen
+
+    def rel(self, path: str | None) -> str | None:
+        if not path:
+            return None
+        for r in (self.root, self.real_root):
+            if os.path.abspath(path).startswith(r + os.sep):
+                return os.path.abspath(path)[len(r) + 1:]
+        return path
+
+    def setter_file(self) -> str | None:
+        """The nearest caller inside the tree (past pytest's monkeypatch, mock and this file)."""
+        f = sys._getframe(1)
+        while f is not None:
+            fn = f.f_code.co_filename
+            if self.in_tree(fn):
+                return fn
+            f = f.f_back
+        return None
+
+    # -- the snapshot -------------------------------------------------------------------------
+
+    def snapshot_libraries(self) -> None:
+        for name in LIB_MODULES:
+            if name not in sys.modules:
+                try:
+                    __import__(name)
+                except Exception:  # noqa: BLE001 - a library the target lacks judges nothing there
+                    continue
+        self._wrap_monkeypatch()
+        mods = [m for m in LIB_MODULES if m in sys.modules]
+        mods += sorted(m for m in list(sys.modules) if m.split(".")[0] in LIB_PREFIXES)
+        for name in mods:
+            self._take_module(name, sys.modules[name])
+        sys.addaudithook(self._audit)
+
+    def _take_module(self, name: str, mod) -> None:
+        if not _isinstance(mod, types.ModuleType) or name in self.modules:
+            return
+        self.modules[name] = mod
+        self.spaces[name] = mod
+        for k, v in list(vars(mod).items()):
+            if (name, k) in VOLATILE:
+                continue
+            self.entries[(name, k)] = v
+            self._take_func(f"{name}.{k}", v)
+            if _isinstance(v, type) and (v.__module__ or "").split(".")[0] in {m.split(".")[0] for m in
+                                                                                 LIB_MODULES + LIB_PREFIXES}:
+                self._take_class(v)
+
+    def _take_class(self, cls: type) -> None:
+        for klass in cls.__mro__:
+            label = f"{klass.__module__}.{klass.__qualname__}"
+            if klass is object or label in self.spaces:
+                continue
+            self.spaces[label] = klass
+            self.class_keys[label] = (klass, set(vars(klass)), cls.__mro__)
+            for k, v in list(vars(klass).items()):
+                if k in ("__dict__", "__weakref__", "__doc__", "__abstractmethods__", "_abc_impl"):
+                    continue
+                self.entries[(label, k)] = v
+                self._take_func(f"{label}.{k}", v)
+
+    def _take_func(self, label: str, v) -> None:
+        for f in (v, _unwrap(v)):
+            if _isinstance(f, types.FunctionType) and id(f) not in self.funcs:
+                self.funcs[id(f)] = (label, f, f.__code__, f.__defaults__, dict(f.__kwdefaults__ or {}),
+                                     tuple(_cell(c) for c in (f.__closure__ or ())))
+
+    def _wrap_monkeypatch(self) -> None:
+        """Remember which file set an attribute through MonkeyPatch: the frozen files' own patches."""
+        try:
+            from _pytest.monkeypatch import MonkeyPatch
+        except ImportError:
+            return
+        setattr_, setitem = MonkeyPatch.setattr, MonkeyPatch.setitem
+        me = self
+
+        @functools.wraps(setattr_)
+        def patched_setattr(mp, target, name=MISSING, value=MISSING, raising=True):
+            args = [target] + [a for a in (name, value) if a is not MISSING]
+            setattr_(mp, *args, raising=raising)
+            if value is MISSING and _isinstance(target, str):  # "pkg.mod.attr", value
+                mod, _, attr = target.rpartition(".")
+                obj = sys.modules.get(mod)
+                key = (id(obj), attr)
+            else:
+                key = (id(target), name)
+            me.setters[key] = me.setter_file() or ""
+
+        @functools.wraps(setitem)
+        def patched_setitem(mp, dic, name, value):
+            setitem(mp, dic, name, value)
+            me.setters[(id(dic), name)] = me.setter_file() or ""
+
+        MonkeyPatch.setattr, MonkeyPatch.setitem = patched_setattr, patched_setitem
+
+    def snapshot_hooks(self, pluginmanager) -> None:
+        self.pm = pluginmanager
+        for p in pluginmanager.get_plugins():
+            self.plugins[id(p)] = p
+        for hc in vars(pluginmanager.hook).values():
+            for impl in _getattr(hc, "get_hookimpls", lambda: [])():
+                self.impls.add((hc.name, id(impl.plugin), impl.function))
+        self.hookexec = _getattr(pluginmanager, "_inner_hookexec", None)
+
+    def _audit(self, event: str, args) -> None:
+        if event != "object.__setattr__" or len(args) < 2 or args[1] not in ("__code__", "__defaults__",
+                                                                               "__kwdefaults__"):
+            return
+        target = args[0]
+        watched = id(target) in self.funcs or self.is_frozen(_getattr(_getattr(target, "__code__", None),
+                                                                      "co_filename", None))
+        if not watched:
+            return
+        setter = self.setter_file()
+        if self.is_frozen(setter):
+            return
+        name = f"{_getattr(target, '__module__', '?')}.{_getattr(target, '__qualname__', '?')}.{args[1]}"
+        self.audit_changes.append(Change("code-swap", name, self.rel(origin(args[2]) if len(args) > 2 else None),
+                                         self.rel(setter)))
+
+    # -- the checks ---------------------------------------------------------------------------
+
+    def _legit(self, obj, key: tuple | None = None) -> bool:
+        if self.is_frozen(origin(obj)):
+            return True
+        return key is not None and self.is_frozen(self.setters.get(key))
+
+    def check(self, config=None, items=None) -> list[Change]:
+        """Every change not yet reported; each is reported once."""
+        self.checks += 1
+        out = list(self.audit_changes)
+        self.audit_changes.clear()
+        out += self._check_entries()
+        out += self._check_funcs()
+        out += self._check_frozen(config)
+        out += self._check_hooks()
+        out += self._check_torch()
+        if items is not None:
+            out += self._check_items(items, config)
+        fresh = []
+        for c in out:
+            key = (c["route"], c["what"])
+            if key not in self.reported:
+                self.reported.add(key)
+                fresh.append(c)
+        return fresh
+
+    def _runners_own(self, label: str, old, cur) -> bool:
+        """A change pytest makes to itself: in pytest's namespaces, a plain value where no code was,
+        or code that pytest's own files define."""
+        if label.split(".")[0] not in RUNNER_PACKAGES:
+            return False
+        o = origin(cur)
+        if o is None:
+            return not callable(old) and not _isinstance(old, type)
+        if self.in_tree(o) or not any(f"{os.sep}{p}{os.sep}" in o for p in RUNNER_PACKAGES):
+            return False
+        code = _getattr(_unwrap(cur), "__code__", None)
+        return code is None or self._code_in_file(code)
+
+    def _code_in_file(self, code: types.CodeType) -> bool:
+        """`code` is compiled from the file it names (a file name can be given to compile())."""
+        path = code.co_filename
+        if path not in self.library_codes:
+            try:
+                with open(path, "rb") as fh:
+                    self.library_codes[path] = _codes(_compile(fh.read(), path, "exec", dont_inherit=True), {})
+            except (OSError, SyntaxError, ValueError):
+                self.library_codes[path] = {}
+        q = _getattr(code, "co_qualname", code.co_name)
+        return any(same_code(code, c) for c in self.library_codes[path].get(q, []))
+
+    def _check_entries(self) -> list[Change]:
+        out = []
+        for (label, name), old in self.entries.items():
+            space = self.spaces[label]
+            cur = vars(space).get(name, MISSING)
+            if cur is old:
+                continue
+            if cur is not MISSING and (self._legit(cur, (id(space), name)) or self._runners_own(label, old, cur)):
+                continue
+            what = f"{label}.{name}" + (" deleted" if cur is MISSING else "")
+            out.append(Change("rebind", what, self.rel(origin(cur)) if cur is not MISSING else None,
+                              self.rel(self.setters.get((id(space), name)))))
+        for label, (klass, keys, mro) in self.class_keys.items():
+            own = vars(klass)
+            if len(own) == len(keys) and own.keys() == keys:
+                continue
+            for name in set(own) - keys:  # a new name that hides a base class's method
+                cur = own[name]
+                if any(name in vars(b) for b in mro[mro.index(klass) + 1:] if b is not object) \
+                        and not self._legit(cur, (id(klass), name)) and not self._runners_own(label, None, cur):
+                    out.append(Change("rebind", f"{label}.{name} (over its base class's)", self.rel(origin(cur)),
+                                      self.rel(self.setters.get((id(klass), name)))))
+        return out
+
+    def _check_funcs(self) -> list[Change]:
+        out = []
+        for label, f, code, defaults, kwdefaults, cells in self.funcs.values():
+            if f.__code__ is not code:
+                if not self.is_frozen(f.__code__.co_filename):
+                    out.append(Change("code-swap", f"{label}.__code__", self.rel(f.__code__.co_filename)))
+            elif f.__defaults__ is not defaults or dict(f.__kwdefaults__ or {}) != kwdefaults:
+                out.append(Change("code-swap", f"{label} defaults", None))
+            elif tuple(_cell(c) for c in (f.__closure__ or ())) != cells:
+                changed = [c for c, old in zip(f.__closure__ or (), cells, strict=False) if _cell(c) is not old]
+                if not all(self._legit(_cell(c)) for c in changed):
+                    out.append(Change("code-swap", f"{label} closure",
+                                      self.rel(origin(_cell(changed[0]))) if changed else None))
+        return out
+
+    def _frozen_modules(self) -> list[tuple[str, object, FrozenFile]]:
+        out = []
+        for name, mod in list(sys.modules.items()):
+            f = _getattr(mod, "__file__", None) if _isinstance(mod, types.ModuleType) else None
+            if f and os.path.realpath(f) in self.frozen:
+                out.append((name, mod, self.frozen[os.path.realpath(f)]))
+        return out
+
+    def _check_frozen(self, config) -> list[Change]:
+        out = []
+        seen = set()
+        for name, mod, ff in self._frozen_modules():
+            seen.add(ff.path)
+            out += self._check_module(name, mod, ff, config)
+        out += self._check_sys_modules()
+        return out
+
+    def _module_file(self, modname: str) -> str | None:
+        """The frozen file a module name resolves to in the tree, without asking sys.modules."""
+        parts = modname.split(".")
+        for cand in (os.path.join(self.real_root, *parts) + ".py",
+                     os.path.join(self.real_root, *parts, "__init__.py")):
+            if cand in self.frozen:
+                return cand
+        for rp in self.frozen:  # test dirs that pytest imports by their own rootdir-relative name
+            if rp.endswith(os.sep + os.path.join(*parts) + ".py") and len(parts) == 1:
+                return rp
+        return None
+
+    def _check_sys_modules(self) -> list[Change]:
+        out = []
+        for name, mod in list(sys.modules.items()):
+            f = self._module_file(name) if "." in name else None
+            if f is None or mod is None:
+                continue
+            live = _getattr(mod, "__file__", None)
+            if not live or os.path.realpath(live) != f:
+                out.append(Change("sys-modules", f"sys.modules[{name!r}]", self.rel(origin(mod) or live)))
+        return out
+
+    def _check_module(self, name: str, mod, ff: FrozenFile, config) -> list[Change]:
+        out = []
+        ns = vars(mod)
+        variants = ff.compiled(config)
+        rel = self.rel(ff.path)
+        for d in ff.defs:
+            live = ns.get(d, MISSING)
+            if live is MISSING:
+                out.append(Change("frozen-code", f"{rel}: {d} deleted", None))
+                continue
+            bad = self._code_differs(live, d, variants)
+            if bad:
+                out.append(Change("frozen-code", f"{rel}: {bad}", self.rel(origin(live))))
+        for const, node in ff.constants.items():
+            key = (ff.path, const)
+            if key not in self.constants:
+                try:
+                    self.constants[key] = self._eval(node, ff, ns)
+                except _Unknown:
+                    self.constants[key] = MISSING
+            want = self.constants[key]
+            if want is MISSING:
+                continue
+            live = ns.get(const, MISSING)
+            try:
+                same = type(live) is type(want) and live == want
+            except Exception:  # noqa: BLE001 - a value that cannot be compared is not the constant
+                same = False
+            if not same and not (key[1] and self.is_frozen(self.setters.get((id(mod), const)))):
+                out.append(Change("frozen-value", f"{rel}: {const} = {_short(live)}, the file says {_short(want)}",
+                                  self.rel(self.setters.get((id(mod), const)))))
+        bound = ff.bound
+        for k in [k for k in ns if k in self.builtin_names and k not in bound]:
+            if not self._legit(ns[k], (id(mod), k)):
+                out.append(Change("rebind", f"{rel}: builtin {k} shadowed", self.rel(origin(ns[k]))))
+        pkg = name if hasattr(mod, "__path__") else name.rpartition(".")[0]
+        for local, src, attr in ff.imports:
+            out += self._check_import(rel, pkg, ns, local, src, attr, config)
+        return out
+
+    def _code_differs(self, live, qualname: str, variants: list[dict]) -> str | None:
+        """What of `live` (a function or class of a frozen file) is not the file's code, or None."""
+        f = _unwrap(live, through=lambda w: not self.in_tree(w.__code__.co_filename))
+        if _isinstance(f, types.FunctionType):
+            q = _getattr(f.__code__, "co_qualname", f.__name__)
+            if q != qualname or not any(any(same_code(f.__code__, c) for c in v.get(q, [])) for v in variants):
+                return f"{qualname} is not the code of the file"
+            return None
+        if _isinstance(f, type):
+            if f.__qualname__ != qualname:
+                return f"{qualname} is another class ({f.__module__}.{f.__qualname__})"
+            for k, v in vars(f).items():
+                g = _unwrap(v)
+                if _isinstance(g, types.FunctionType):
+                    q = _getattr(g.__code__, "co_qualname", "")
+                    if not any(any(same_code(g.__code__, c) for c in var.get(q, [])) for var in variants):
+                        return f"{qualname}.{k} is not the code of the file"
+            return None
+        # a decorator's object that keeps no function (a C wrapper): where its code lives
+        return None if not self.in_tree(origin(f)) or self.is_frozen(origin(f)) else \
+            f"{qualname} is an object of {self.rel(origin(f))}"
+
+    @staticmethod
+    def _resolve(pkg: str, src: str) -> str:
+        """An import's absolute module name; `pkg` is the importing module's package."""
+        if not src.startswith("."):
+            return src
+        level = len(src) - len(src.lstrip("."))
+        base = pkg.rsplit(".", level - 1)[0] if level > 1 else pkg
+        rest = src[level:]
+        return f"{base}.{rest}" if rest else base
+
+    def _check_import(self, rel, pkg, ns, local, src, attr, config) -> list[Change]:
+        src = self._resolve(pkg, src)
+        live = ns.get(local, MISSING)
+        if live is MISSING:
+            return []
+        path = self._module_file(src)
+        if path is not None:
+            ff = self.frozen[path]
+            if attr is None:
+                f = _getattr(live, "__file__", None)
+                if not f or os.path.realpath(f) != path:
+                    return [Change("import-swap", f"{rel}: {local} is not the module {src}", self.rel(origin(live)))]
+                return []
+            if attr in ff.defs:
+                bad = self._code_differs(live, attr, ff.compiled(config))
+                return [Change("import-swap", f"{rel}: {local} (from {src}) {bad}", self.rel(origin(live)))] \
+                    if bad else []
+            owner = sys.modules.get(src)
+            if owner is None or _getattr(owner, "__file__", None) is None or \
+                    os.path.realpath(owner.__file__) != path or vars(owner).get(attr, MISSING) is not live:
+                if not self._legit(live):
+                    return [Change("import-swap", f"{rel}: {local} is not {src}.{attr}", self.rel(origin(live)))]
+            return []
+        if src in self.modules:
+            want = self.modules[src] if attr is None else self.entries.get((src, attr), MISSING)
+            if attr is None and src.split(".")[0] != src:
+                return []
+            if want is not MISSING and live is not want and not self._legit(live):
+                what = f"{rel}: {local} is not {src}" + (f".{attr}" if attr else "")
+                return [Change("import-swap", what, self.rel(origin(live)))]
+        return []
+
+    def _eval(self, node, ff: FrozenFile, ns):
+        """A frozen constant's value from its source: literals, names of the snapshot's modules,
+        attributes of those, os.environ.get / os.getenv as the environment stood at load."""
+        ev = functools.partial(self._eval, ff=ff, ns=ns)
+        if _isinstance(node, ast.Constant):
+            return node.value
+        if _isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            vals = [ev(e) for e in node.elts]
+            return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](vals)
+        if _isinstance(node, ast.Dict):
+            if any(k is None for k in node.keys):
+                raise _Unknown
+            return {ev(k): ev(v) for k, v in zip(node.keys, node.values, strict=True)}
+        if _isinstance(node, ast.Name):
+            for local, src, attr in ff.imports:
+                if local == node.id and attr is None and src in self.modules:
+                    return self.modules[src]
+                if local == node.id and attr is not None and (src, attr) in self.entries:
+                    return self.entries[(src, attr)]
+            key = (ff.path, node.id)
+            if self.constants.get(key, MISSING) is not MISSING:
+                return self.constants[key]
+            raise _Unknown
+        if _isinstance(node, ast.Attribute):
+            base = ev(node.value)
+            if _isinstance(base, types.ModuleType):
+                label = next((k for k, m in self.modules.items() if m is base), None)
+                if label and (label, node.attr) in self.entries:
+                    return self.entries[(label, node.attr)]
+            raise _Unknown
+        if _isinstance(node, ast.UnaryOp) and _isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+            v = ev(node.operand)
+            return -v if _isinstance(node.op, ast.USub) else (+v if _isinstance(node.op, ast.UAdd) else not v)
+        if _isinstance(node, ast.BinOp) and _isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)):
+            a, b = ev(node.left), ev(node.right)
+            if not all(_isinstance(x, (int, float)) for x in (a, b)):
+                raise _Unknown
+            return {ast.Add: a + b if True else 0, ast.Sub: a - b, ast.Mult: a * b,
+                    ast.Div: a / b if b else 0.0, ast.Pow: a ** b if abs(b) < 64 else 0}[type(node.op)]
+        if _isinstance(node, ast.Compare) and len(node.ops) == 1 and _isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            a, b = ev(node.left), ev(node.comparators[0])
+            return (a == b) if _isinstance(node.ops[0], ast.Eq) else (a != b)
+        if _isinstance(node, ast.Call) and not node.keywords:
+            f = node.func
+            text = ast.unparse(f)
+            if text in ("os.environ.get", "os.getenv") and 1 <= len(node.args) <= 2:
+                args = [ev(a) for a in node.args]
+                return self.env.get(*args)
+        raise _Unknown
+
+    def _check_hooks(self) -> list[Change]:
+        pm = _getattr(self, "pm", None)
+        if pm is None:
+            return []
+        out = []
+        for p in pm.get_plugins():
+            if id(p) in self.plugins:
+                continue
+            f = origin(p) if not _isinstance(p, types.ModuleType) else _getattr(p, "__file__", None)
+            if self.in_tree(f) and not self.is_frozen(f):
+                out.append(Change("report-hook", f"plugin {pm.get_name(p)!r} registered", self.rel(f)))
+        present = set()
+        for hc in list(vars(pm.hook).values()):
+            get = _getattr(hc, "get_hookimpls", None)
+            if get is None:
+                continue
+            for impl in get():
+                key = (hc.name, id(impl.plugin), impl.function)
+                present.add(key)
+                if key in self.impls:
+                    continue
+                f = origin(impl.function)
+                if (self.in_tree(f) and not self.is_frozen(f)) or f is None:
+                    kind = "hookwrapper" if impl.hookwrapper or _getattr(impl, "wrapper", False) else "hook"
+                    out.append(Change("report-hook", f"{kind} {hc.name} added", self.rel(f)))
+        for name, pid, func in self.impls:
+            if (name, pid, func) not in present and any(id(p) == pid for p in pm.get_plugins()):
+                out.append(Change("report-hook", f"hook {name} of a plugin removed", None))
+        if _getattr(pm, "_inner_hookexec", None) is not self.hookexec:
+            out.append(Change("report-hook", "pluggy's hook caller replaced",
+                              self.rel(origin(_getattr(pm, "_inner_hookexec", None)))))
+        return out
+
+    def _check_torch(self) -> list[Change]:
+        out = []
+        torch = self.modules.get("torch")
+        if torch is not None:
+            C = _getattr(torch, "_C", None)
+            for fn, what in (("_len_torch_function_stack", "a torch function mode"),
+                             ("_len_torch_dispatch_stack", "a torch dispatch mode")):
+                n = _getattr(C, fn, None)
+                try:
+                    if n is not None and n() > 0:
+                        out.append(Change("torch-mode", f"{what} is on the stack", None))
+                except Exception:  # noqa: BLE001 - this torch cannot tell
+                    pass
+        for get, what in ((sys.gettrace, "sys.settrace"), (sys.getprofile, "sys.setprofile")):
+            t = get()
+            f = origin(t) if t is not None else None
+            if t is not None and self.in_tree(f) and not self.is_frozen(f):
+                out.append(Change("torch-mode", f"{what} function set", self.rel(f)))
+        return out
+
+    def remember_items(self, items) -> None:
+        for item in items:
+            cs = _getattr(item, "callspec", None)
+            self.items[item.nodeid] = (_getattr(item, "obj", None), repr(sorted((cs.params if cs else {}).items())))
+
+    def _check_items(self, items, config) -> list[Change]:
+        out = []
+        for item in items:
+            old = self.items.get(item.nodeid)
+            if old is None:
+                continue
+            cs = _getattr(item, "callspec", None)
+            if repr(sorted((cs.params if cs else {}).items())) != old[1]:
+                out.append(Change("test-item", f"{item.nodeid}: parameters changed", None))
+            if "runtest" in vars(item) or _getattr(item, "obj", None) is not old[0]:
+                live = vars(item).get("runtest", _getattr(item, "obj", None))
+                out.append(Change("test-item", f"{item.nodeid}: the function run changed", self.rel(origin(live))))
+            for fdefs in (_getattr(_getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}).values():
+                for fd in fdefs:
+                    f = origin(fd.func)
+                    if self.is_frozen(f):
+                        ff = self.frozen[os.path.realpath(f)]
+                        q = _getattr(_unwrap(fd.func), "__qualname__", "")
+                        if self._code_differs(fd.func, q, ff.compiled(config)):
+                            out.append(Change("test-item", f"fixture {fd.argname} is not the code of its file",
+                                              self.rel(f)))
+                    elif self.in_tree(f):
+                        out.append(Change("test-item", f"fixture {fd.argname} comes from the tree", self.rel(f)))
+        return out
+
+
+def _cell(c):
+    try:
+        return c.cell_contents
+    except ValueError:
+        return MISSING
+
+
+def _short(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
