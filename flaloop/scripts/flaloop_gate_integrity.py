@@ -30,6 +30,9 @@ import os
 import sys
 import types
 
+# loaded by path beside this file by flaloop_gate_plugin, before this module
+from flaloop_gate_frozen import FrozenFile, codes, same_code
+
 MISSING = object()
 # Namespaces whose objects the frozen test judges or reports with; submodules named here only.
 LIB_MODULES = ("builtins", "math", "operator", "functools", "torch", "torch.testing", "torch.testing._comparison",
@@ -37,7 +40,7 @@ LIB_MODULES = ("builtins", "math", "operator", "functools", "torch", "torch.test
                "torch.linalg", "torch.special", "torch.fft", "torch._tensor", "numpy", "numpy.testing",
                "unittest.mock")
 LIB_PREFIXES = ("pytest", "_pytest", "pluggy", "xdist", "flaloop_gate_plugin", "flaloop_gate_integrity",
-                "flaloop_lifeline")
+                "flaloop_gate_frozen", "flaloop_lifeline")
 # Entries pytest itself rewrites while it runs (the assertion plugin binds its comparison hooks
 # per test; the capture plugin swaps streams): their values, not their code, change.
 VOLATILE = {("_pytest.assertion.util", "_reprcompare"), ("_pytest.assertion.util", "_assertion_pass"),
@@ -99,111 +102,6 @@ def origin(obj) -> str | None:
     return None
 
 
-def same_code(a: types.CodeType, b: types.CodeType) -> bool:
-    """Equal bytecode, names and constants, nested code objects compared the same way (line
-    numbers and file names aside)."""
-    if a is b:
-        return True
-    for attr in ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount",
-                 "co_posonlyargcount", "co_kwonlyargcount", "co_flags", "co_name"):
-        if _getattr(a, attr) != _getattr(b, attr):
-            return False
-    if len(a.co_consts) != len(b.co_consts):
-        return False
-    for x, y in zip(a.co_consts, b.co_consts, strict=True):
-        if _isinstance(x, types.CodeType) or _isinstance(y, types.CodeType):
-            if not (_isinstance(x, types.CodeType) and _isinstance(y, types.CodeType) and same_code(x, y)):
-                return False
-        elif type(x) is not type(y) or (x != y and repr(x) != repr(y)):
-            return False
-    return True
-
-
-def _codes(code: types.CodeType, out: dict) -> dict:
-    out.setdefault(_getattr(code, "co_qualname", code.co_name), []).append(code)
-    for c in code.co_consts:
-        if _isinstance(c, types.CodeType):
-            _codes(c, out)
-    return out
-
-
-class FrozenFile:
-    """A frozen module's source as read before any target code ran, and what it defines."""
-
-    def __init__(self, path: str, source: bytes):
-        self.path, self.source = path, source
-        self.tree = ast.parse(source)
-        self.variants: list[dict] | None = None  # qualname -> [code], per legitimate compilation
-        top = self.tree.body
-        self.defs = {n.name for n in _top_nodes(top) if _isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                          ast.ClassDef))}
-        assigned: dict[str, int] = {}
-        for n in _top_nodes(top):
-            for t in _targets(n):
-                assigned[t] = assigned.get(t, 0) + 1
-        globals_decl = {name for n in ast.walk(self.tree) if _isinstance(n, ast.Global) for name in n.names}
-        self.bound = set(assigned) | {name for n in ast.walk(self.tree) if _isinstance(n, ast.Global)
-                                      for name in n.names}
-        self.constants = {}
-        for n in _top_nodes(top):
-            if _isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
-                names = _targets(n)
-                if len(names) == 1 and assigned.get(names[0]) == 1 and names[0] not in globals_decl \
-                        and names[0] not in self.defs:
-                    self.constants[names[0]] = n.value
-        self.imports = []  # (local name, module, attribute or None)
-        for n in _top_nodes(top):
-            if _isinstance(n, ast.ImportFrom) and n.module is not None or _isinstance(n, ast.ImportFrom) and n.level:
-                for a in n.names:
-                    if a.name != "*" and assigned.get(a.asname or a.name) == 1:
-                        self.imports.append((a.asname or a.name, ("." * n.level) + (n.module or ""), a.name))
-            elif _isinstance(n, ast.Import):
-                for a in n.names:
-                    local = a.asname or a.name.split(".")[0]
-                    if assigned.get(local) == 1:
-                        self.imports.append((local, a.name if a.asname else a.name.split(".")[0], None))
-
-    def compiled(self, config) -> list[dict]:
-        """The file compiled plainly, and as pytest's assertion rewriter would (test files, conftests)."""
-        if self.variants is None:
-            self.variants = [_codes(_compile(self.source, self.path, "exec", dont_inherit=True), {})]
-            try:
-                from _pytest.assertion.rewrite import rewrite_asserts
-                tree = ast.parse(self.source)
-                rewrite_asserts(tree, self.source, self.path, config)
-                self.variants.append(_codes(_compile(tree, self.path, "exec", dont_inherit=True), {}))
-            except Exception:  # noqa: BLE001 - no rewriter: the plain compilation is the only legitimate one
-                pass
-        return self.variants
-
-
-def _top_nodes(body):
-    """Module-level statements, also those inside top-level if/try blocks."""
-    for n in body:
-        if _isinstance(n, (ast.If, ast.Try)):
-            yield from _top_nodes(n.body)
-            yield from _top_nodes(getattr(n, "orelse", []))
-            for h in getattr(n, "handlers", []):
-                yield from _top_nodes(h.body)
-            yield from _top_nodes(getattr(n, "finalbody", []))
-        else:
-            yield n
-
-
-def _targets(n) -> list[str]:
-    if _isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [n.name]
-    if _isinstance(n, ast.Assign):
-        return [x.id for t in n.targets for x in ast.walk(t) if _isinstance(x, ast.Name)]
-    if _isinstance(n, (ast.AnnAssign, ast.AugAssign)):
-        return [n.target.id] if _isinstance(n.target, ast.Name) else []
-    if _isinstance(n, ast.ImportFrom):
-        return [a.asname or a.name for a in n.names]
-    if _isinstance(n, ast.Import):
-        return [a.asname or a.name.split(".")[0] for a in n.names]
-    return []
-
-
 class _Unknown(Exception):
     pass
 
@@ -239,6 +137,9 @@ class Integrity:
         self.checks = 0
         self.config = None
         self.library_codes: dict[str, dict] = {}
+        self._real: dict[str, str] = {}
+        self.by_space: dict[str, list] | None = None  # label -> [(name, object)], built at the first check
+        self._module_files: dict[str, str | None] = {}
         self.class_keys: dict[str, tuple] = {}     # label -> (class, its own names, the MRO)
         self.builtin_names = {k for k in vars(builtins) if not k.startswith("__")}
 
@@ -251,7 +152,7 @@ class Integrity:
         return p.startswith(self.root + os.sep) or os.path.realpath(p).startswith(self.real_root + os.sep)
 
     def is_frozen(self, path: str | None) -> bool:
-        return bool(path) and os.path.realpath(path) in self.frozen
+        return _isinstance(path, str) and bool(path) and self.realpath(path) in self.frozen
 
     def rel(self, path: str | None) -> str | None:
         if not path:
@@ -419,7 +320,7 @@ class Integrity:
         if path not in self.library_codes:
             try:
                 with open(path, "rb") as fh:
-                    self.library_codes[path] = _codes(_compile(fh.read(), path, "exec", dont_inherit=True), {})
+                    self.library_codes[path] = codes(_compile(fh.read(), path, "exec", dont_inherit=True), {})
             except (OSError, SyntaxError, ValueError):
                 self.library_codes[path] = {}
         q = _getattr(code, "co_qualname", code.co_name)
@@ -427,11 +328,17 @@ class Integrity:
 
     def _check_entries(self) -> list[Change]:
         out = []
-        for (label, name), old in self.entries.items():
+        if self.by_space is None:
+            self.by_space = {}
+            for (label, name), old in self.entries.items():
+                self.by_space.setdefault(label, []).append((name, old))
+        changed = []
+        for label, pairs in self.by_space.items():
+            ns = vars(self.spaces[label])
+            changed += [(label, name, old, ns.get(name, MISSING)) for name, old in pairs
+                        if ns.get(name, MISSING) is not old]
+        for label, name, old, cur in changed:
             space = self.spaces[label]
-            cur = vars(space).get(name, MISSING)
-            if cur is old:
-                continue
             if cur is not MISSING and (self._legit(cur, (id(space), name)) or self._runners_own(label, old, cur)):
                 continue
             what = f"{label}.{name}" + (" deleted" if cur is MISSING else "")
@@ -464,12 +371,19 @@ class Integrity:
                                       self.rel(origin(_cell(changed[0]))) if changed else None))
         return out
 
+    def realpath(self, path: str) -> str:
+        """os.path.realpath, remembered: every check resolves every module's file."""
+        real = self._real.get(path)
+        if real is None:
+            real = self._real[path] = os.path.realpath(path)
+        return real
+
     def _frozen_modules(self) -> list[tuple[str, object, FrozenFile]]:
         out = []
         for name, mod in list(sys.modules.items()):
             f = _getattr(mod, "__file__", None) if _isinstance(mod, types.ModuleType) else None
-            if f and os.path.realpath(f) in self.frozen:
-                out.append((name, mod, self.frozen[os.path.realpath(f)]))
+            if _isinstance(f, str) and self.realpath(f) in self.frozen:
+                out.append((name, mod, self.frozen[self.realpath(f)]))
         return out
 
     def _check_frozen(self, config) -> list[Change]:
@@ -483,6 +397,11 @@ class Integrity:
 
     def _module_file(self, modname: str) -> str | None:
         """The frozen file a module name resolves to in the tree, without asking sys.modules."""
+        if modname not in self._module_files:
+            self._module_files[modname] = self._find_module_file(modname)
+        return self._module_files[modname]
+
+    def _find_module_file(self, modname: str) -> str | None:
         parts = modname.split(".")
         for cand in (os.path.join(self.real_root, *parts) + ".py",
                      os.path.join(self.real_root, *parts, "__init__.py")):
@@ -500,7 +419,7 @@ class Integrity:
             if f is None or mod is None:
                 continue
             live = _getattr(mod, "__file__", None)
-            if not live or os.path.realpath(live) != f:
+            if not _isinstance(live, str) or self.realpath(live) != f:
                 out.append(Change("sys-modules", f"sys.modules[{name!r}]", self.rel(origin(mod) or live)))
         return out
 

@@ -33,6 +33,7 @@ def _beside(name: str):
 
 
 flaloop_lifeline = _beside("flaloop_lifeline")
+_beside("flaloop_gate_frozen")  # what flaloop_gate_integrity imports: in sys.modules before it
 flaloop_gate_integrity = _beside("flaloop_gate_integrity")
 
 _PATH = os.environ.get("FLALOOP_GATE_EVENTS")

@@ -99,6 +99,16 @@ PLANTS = {
             m = importlib.import_module("mini" + "fla.utils")
             setattr(m, "get_abs" + "_err", lambda ref, tri: 0.0)
             """, "get_abs_err"),
+        ("first_call", """
+            import sys
+            name = "naive" + "_linear_attn"
+            mine = sys.modules["mini" + "fla.ops.linear_attn.chunk"]
+            for mod in list(sys.modules.values()):
+                if getattr(mod, "__name__", "").startswith("test") and hasattr(mod, name):
+                    def reference(q, k, v, scale=None, initial_state=None, output_final_state=False):
+                        return mine.chunk_linear_attn(q, k, v, scale, initial_state, output_final_state)
+                    setattr(mod, name, reference)
+            """, "naive_linear_attn"),
     ],
     "wrap": [
         ("new_module", """
@@ -337,3 +347,59 @@ def test_a_module_in_the_tree_named_like_the_plugin_cannot_stand_in(minifla, nam
     messages = tampered(result)
     assert any("channel" in m for m in messages) if name == "flaloop_gate_plugin" else \
         any("assert_close" in m for m in messages), messages
+
+
+# -- the orchestrator's side on its own: what it demands of the plugin's reports ----------------
+
+PLUGIN = "/opt/flaloop/scripts/flaloop_gate_plugin.py"
+INTEGRITY = "/opt/flaloop/scripts/flaloop_gate_integrity.py"
+ID = "tests/ops/test_x.py::test_a[1]"
+
+
+def _events(**drop) -> list[dict]:
+    evs = [{"event": "guard-ready", "pid": 7, "plugin_file": PLUGIN, "integrity_file": INTEGRITY},
+           {"event": "collected", "pid": 7, "ids": [ID]},
+           {"event": "guard-collected", "pid": 7, "changes": [], "checks": 1},
+           {"event": "result", "id": ID, "outcome": "passed", "when": "call"},
+           {"event": "guard-call", "pid": 7, "id": ID, "changes": [], "checks": 2},
+           {"event": "guard-test", "pid": 7, "id": ID, "changes": [], "checks": 3},
+           {"event": "guard-final", "pid": 7, "changes": [], "checks": 4},
+           {"event": "finish", "pid": 7, "exitstatus": 0}]
+    return [e for e in evs if e["event"] not in drop.get("events", ())]
+
+
+def _reasons(events, outcomes=None, junit=None, exit_code=0):
+    from flaloop import gate_integrity
+
+    return gate_integrity.reasons(gate_integrity.collect(events, PLUGIN), outcomes or {ID: "passed"},
+                                  {"tests.ops.test_x::test_a[1]": "passed"} if junit is None else junit, exit_code)
+
+
+def test_complete_reports_from_flaloops_plugin_are_clean():
+    assert _reasons(_events()) == []
+
+
+@pytest.mark.parametrize(("drop", "words"), [
+    ({"events": ("guard-ready",)}, "never reported"),
+    ({"events": ("guard-final",)}, "final report"),
+    ({"events": ("guard-test",)}, "no integrity check"),
+])
+def test_missing_reports_are_red(drop, words):
+    assert any(words in m for m, _ in _reasons(_events(**drop))), _reasons(_events(**drop))
+
+
+def test_a_stand_in_plugin_and_a_forged_junit_are_red():
+    forged = [dict(e, plugin_file="/tree/flaloop_gate_plugin.py") if e["event"] == "guard-ready" else e
+              for e in _events()]
+    assert any("not flaloop's" in m for m, _ in _reasons(forged))
+    failed = _reasons(_events(), outcomes={ID: "failed"})
+    assert any("JUnit's outcomes disagree" in m for m, _ in failed), failed
+
+
+def test_a_change_reported_by_the_plugin_names_route_what_and_file():
+    evs = _events()
+    evs[4] = dict(evs[4], changes=[{"route": "rebind", "what": "minifla.utils.assert_close",
+                                    "origin": "minifla/ops/x.py", "setter": None}])
+    (message, detail), = _reasons(evs)
+    assert "(rebind)" in message and "minifla.utils.assert_close" in message and "minifla/ops/x.py" in message
+    assert ID in detail
