@@ -28,6 +28,7 @@ import builtins
 import functools
 import os
 import sys
+import time
 import types
 
 # loaded by path beside this file by flaloop_gate_plugin, before this module
@@ -135,6 +136,7 @@ class Integrity:
         self.items: dict[str, tuple] = {}
         self.constants: dict[tuple, object] = {}   # (file, name) -> expected value
         self.checks = 0
+        self.seconds = 0.0  # spent in check(), and in the snapshot
         self.config = None
         self.library_codes: dict[str, dict] = {}
         self._real: dict[str, str] = {}
@@ -182,11 +184,13 @@ class Integrity:
                 except Exception:  # noqa: BLE001 - a library the target lacks judges nothing there
                     continue
         self._wrap_monkeypatch()
+        t0 = time.perf_counter()
         mods = [m for m in LIB_MODULES if m in sys.modules]
         mods += sorted(m for m in list(sys.modules) if m.split(".")[0] in LIB_PREFIXES)
         for name in mods:
             self._take_module(name, sys.modules[name])
         sys.addaudithook(self._audit)
+        self.seconds += time.perf_counter() - t0
 
     def _take_module(self, name: str, mod) -> None:
         if not _isinstance(mod, types.ModuleType) or name in self.modules:
@@ -283,6 +287,13 @@ class Integrity:
 
     def check(self, config=None, items=None) -> list[Change]:
         """Every change not yet reported; each is reported once."""
+        t0 = time.perf_counter()
+        try:
+            return self._check(config, items)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _check(self, config, items) -> list[Change]:
         self.checks += 1
         out = list(self.audit_changes)
         self.audit_changes.clear()

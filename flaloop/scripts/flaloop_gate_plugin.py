@@ -74,7 +74,8 @@ def _guard_check(stage: str, config=None, items=None, nodeid: str | None = None)
         changes = _GUARD.check(config or _GUARD.config, items)
     except Exception as exc:  # noqa: BLE001 - a check that cannot run is not a check that passed
         changes = [flaloop_gate_integrity.Change("guard-error", f"{stage}: {type(exc).__name__}: {exc}"[:300], None)]
-    event = {"event": f"guard-{stage}", "pid": _PID, "changes": list(changes), "checks": _GUARD.checks}
+    event = {"event": f"guard-{stage}", "pid": _PID, "changes": list(changes), "checks": _GUARD.checks,
+             "check_s": round(_GUARD.seconds, 4)}
     if nodeid is not None:
         event["id"] = nodeid
     _emit(event)
