@@ -142,6 +142,7 @@ class Integrity:
         self._real: dict[str, str] = {}
         self.by_space: dict[str, list] | None = None  # label -> [(name, object)], built at the first check
         self._module_files: dict[str, str | None] = {}
+        self._definers: dict[tuple, FrozenFile | None] = {}
         self.class_keys: dict[str, tuple] = {}     # label -> (class, its own names, the MRO)
         self.builtin_names = {k for k in vars(builtins) if not k.startswith("__")}
 
@@ -529,6 +530,11 @@ class Integrity:
                 if not self._legit(live):
                     return [Change("import-swap", f"{rel}: {local} is not {src}.{attr}", self.rel(origin(live)))]
             return []
+        definer = self._defined_under(src, attr) if attr else None
+        if definer is not None:  # a frozen reference re-exported by a package the candidate may edit
+            bad = self._code_differs(live, attr, definer.compiled(config))
+            return [Change("import-swap", f"{rel}: {local} (from {src}) {bad}", self.rel(origin(live)))] \
+                if bad else []
         if src in self.modules:
             want = self.modules[src] if attr is None else self.entries.get((src, attr), MISSING)
             if attr is None and src.split(".")[0] != src:
@@ -537,6 +543,16 @@ class Integrity:
                 what = f"{rel}: {local} is not {src}" + (f".{attr}" if attr else "")
                 return [Change("import-swap", what, self.rel(origin(live)))]
         return []
+
+    def _defined_under(self, package: str, name: str) -> FrozenFile | None:
+        """The one frozen file inside `package`'s directory that defines `name` (FLA's tests import
+        their reference, `fused_recurrent_*`, from the op's package), or None."""
+        key = (package, name)
+        if key not in self._definers:
+            d = os.path.join(self.real_root, *package.split(".")) + os.sep
+            found = [ff for p, ff in self.frozen.items() if p.startswith(d) and name in ff.defs]
+            self._definers[key] = found[0] if len(found) == 1 else None
+        return self._definers[key]
 
     def _eval(self, node, ff: FrozenFile, ns):
         """A frozen constant's value from its source: literals, names of the snapshot's modules,

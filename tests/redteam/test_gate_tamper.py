@@ -109,6 +109,14 @@ PLANTS = {
                         return mine.chunk_linear_attn(q, k, v, scale, initial_state, output_final_state)
                     setattr(mod, name, reference)
             """, "naive_linear_attn"),
+        ("first_call", ("""
+            import functools, sys
+            name = "fused_recurrent" + "_linear_attn"
+            for mod in list(sys.modules.values()):
+                ref = getattr(mod, name, None)
+                if getattr(mod, "__name__", "").startswith("test") and ref is not None:
+                    setattr(mod, name, functools.wraps(ref)(lambda *a, _r=ref, **k: _r(*a, **k)))
+            """, LENIENT_TEST_GLOBAL), "fused_recurrent_linear_attn"),
     ],
     "wrap": [
         ("new_module", """
