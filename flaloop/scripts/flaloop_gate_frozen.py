@@ -1,4 +1,5 @@
-"""A frozen file's code as its source on disk says, for flaloop_gate_integrity; never imports flaloop.
+"""Where code lives, and a frozen file's code and constants as its source on disk says, for
+flaloop_gate_integrity; never imports flaloop.
 
 Loaded by path from flaloop_gate_plugin before any target import, like its caller.
 """
@@ -7,11 +8,53 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
+import sys
 import types
 
 _compile = builtins.compile
 _isinstance = builtins.isinstance
 _getattr = builtins.getattr
+
+
+def unwrap(obj, through=None):
+    """The function under partials, method wrappers and triton's JIT objects (or obj). A
+    `functools.wraps` wrapper is a function of its own: it is looked through only where
+    `through(wrapper)` says so (a library's decorator), never by default."""
+    for _ in range(12):
+        if _isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        elif _isinstance(obj, functools.partial):
+            obj = obj.func
+        elif _isinstance(obj, types.MethodType):
+            obj = obj.__func__
+        elif _isinstance(obj, property):
+            obj = obj.fget
+        elif _isinstance(obj, types.FunctionType) and "__wrapped__" in _getattr(obj, "__dict__", {}) \
+                and through is not None and through(obj):
+            obj = obj.__dict__["__wrapped__"]
+        elif not _isinstance(obj, (types.FunctionType, type)) and _isinstance(_getattr(obj, "fn", None),
+                                                                                  types.FunctionType):
+            obj = obj.fn  # triton.jit, autotune and heuristics keep the function as .fn
+        else:
+            break
+    return obj
+
+
+def origin(obj) -> str | None:
+    """The file of the code behind `obj`: a function's, a class's module's, a code object's."""
+    obj = unwrap(obj)
+    if _isinstance(obj, types.CodeType):
+        return obj.co_filename
+    code = _getattr(obj, "__code__", None)
+    if _isinstance(code, types.CodeType):
+        return code.co_filename
+    cls = obj if _isinstance(obj, type) else type(obj)
+    mod = sys.modules.get(_getattr(cls, "__module__", "") or "")
+    f = _getattr(mod, "__file__", None)
+    if f and cls.__module__ not in ("builtins",):
+        return f
+    return None
 
 
 def same_code(a: types.CodeType, b: types.CodeType) -> bool:
@@ -118,3 +161,47 @@ def _targets(n) -> list[str]:
     if _isinstance(n, ast.Import):
         return [a.asname or a.name.split(".")[0] for a in n.names]
     return []
+
+
+class Unknown(Exception):
+    """A constant whose value its source does not state on its own."""
+
+
+def evaluate(node, name, attribute, env: dict[str, str]):
+    """The value of a constant's expression: literals and containers of them, `name(id)` and
+    `attribute(obj, attr)` for what the caller knows, arithmetic and equality on those, and
+    `os.environ.get` / `os.getenv` read from `env`. Unknown for anything else."""
+    def ev(n):
+        return evaluate(n, name, attribute, env)
+
+    if _isinstance(node, ast.Constant):
+        return node.value
+    if _isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](ev(e) for e in node.elts)
+    if _isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise Unknown("**")
+        return {ev(k): ev(v) for k, v in zip(node.keys, node.values, strict=True)}
+    if _isinstance(node, ast.Name):
+        return name(node.id)
+    if _isinstance(node, ast.Attribute):
+        base = ev(node.value)
+        if _isinstance(base, types.ModuleType):
+            return attribute(base, node.attr)
+        raise Unknown(node.attr)
+    if _isinstance(node, ast.UnaryOp) and _isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+        v = ev(node.operand)
+        return -v if _isinstance(node.op, ast.USub) else (+v if _isinstance(node.op, ast.UAdd) else not v)
+    if _isinstance(node, ast.BinOp) and _isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        a, b = ev(node.left), ev(node.right)
+        if not all(_isinstance(x, (int, float)) and not _isinstance(x, bool) for x in (a, b)) or \
+                (_isinstance(node.op, ast.Div) and b == 0):
+            raise Unknown("arithmetic")
+        return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b, ast.Div: a / b if b else 0.0}[type(node.op)]
+    if _isinstance(node, ast.Compare) and len(node.ops) == 1 and _isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+        a, b = ev(node.left), ev(node.comparators[0])
+        return (a == b) if _isinstance(node.ops[0], ast.Eq) else (a != b)
+    if _isinstance(node, ast.Call) and not node.keywords and 1 <= len(node.args) <= 2 \
+            and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
+        return env.get(*[ev(a) for a in node.args])
+    raise Unknown(type(node).__name__)

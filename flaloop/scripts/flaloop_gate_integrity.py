@@ -23,7 +23,6 @@ defined in a frozen file, or was set by `MonkeyPatch` called from one; those are
 
 from __future__ import annotations
 
-import ast
 import builtins
 import functools
 import os
@@ -32,7 +31,8 @@ import time
 import types
 
 # loaded by path beside this file by flaloop_gate_plugin, before this module
-from flaloop_gate_frozen import FrozenFile, codes, same_code
+from flaloop_gate_frozen import FrozenFile, Unknown, codes, evaluate, origin, same_code
+from flaloop_gate_frozen import unwrap as _unwrap
 
 MISSING = object()
 # Namespaces whose objects the frozen test judges or reports with; submodules named here only.
@@ -47,9 +47,8 @@ LIB_PREFIXES = ("pytest", "_pytest", "pluggy", "xdist", "flaloop_gate_plugin", "
 VOLATILE = {("_pytest.assertion.util", "_reprcompare"), ("_pytest.assertion.util", "_assertion_pass"),
             ("_pytest.assertion.util", "_config"), ("builtins", "_"), ("_pytest.assertion.rewrite", "_config"),
             ("flaloop_lifeline", "_armed")}
-# pytest sets state on its own classes and modules while it runs (the debugger's config, legacy
-# ini readers); a value set there is pytest's when its code lives in these packages, verified
-# against the file it names.
+# pytest's packages, one library for `_library_own`: pytest sets state on its own classes and
+# modules while it runs (the debugger's config, legacy ini readers).
 RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "xdist", "execnet")
 _compile = builtins.compile
 _isinstance = builtins.isinstance
@@ -61,50 +60,6 @@ class Change(dict):
 
     def __init__(self, route: str, what: str, origin: str | None, setter: str | None = None):
         super().__init__(route=route, what=what, origin=origin, setter=setter)
-
-
-def _unwrap(obj, through=None):
-    """The function under partials, method wrappers and triton's JIT objects (or obj). A
-    `functools.wraps` wrapper is a function of its own: it is looked through only where
-    `through(wrapper)` says so (a library's decorator), never by default."""
-    for _ in range(12):
-        if _isinstance(obj, (staticmethod, classmethod)):
-            obj = obj.__func__
-        elif _isinstance(obj, functools.partial):
-            obj = obj.func
-        elif _isinstance(obj, types.MethodType):
-            obj = obj.__func__
-        elif _isinstance(obj, property):
-            obj = obj.fget
-        elif _isinstance(obj, types.FunctionType) and "__wrapped__" in _getattr(obj, "__dict__", {}) \
-                and through is not None and through(obj):
-            obj = obj.__dict__["__wrapped__"]
-        elif not _isinstance(obj, (types.FunctionType, type)) and _isinstance(_getattr(obj, "fn", None),
-                                                                                  types.FunctionType):
-            obj = obj.fn  # triton.jit, autotune and heuristics keep the function as .fn
-        else:
-            break
-    return obj
-
-
-def origin(obj) -> str | None:
-    """The file of the code behind `obj`: a function's, a class's module's, a code object's."""
-    obj = _unwrap(obj)
-    if _isinstance(obj, types.CodeType):
-        return obj.co_filename
-    code = _getattr(obj, "__code__", None)
-    if _isinstance(code, types.CodeType):
-        return code.co_filename
-    cls = obj if _isinstance(obj, type) else type(obj)
-    mod = sys.modules.get(_getattr(cls, "__module__", "") or "")
-    f = _getattr(mod, "__file__", None)
-    if f and cls.__module__ not in ("builtins",):
-        return f
-    return None
-
-
-class _Unknown(Exception):
-    pass
 
 
 class Integrity:
@@ -143,6 +98,7 @@ class Integrity:
         self.by_space: dict[str, list] | None = None  # label -> [(name, object)], built at the first check
         self._module_files: dict[str, str | None] = {}
         self._definers: dict[tuple, FrozenFile | None] = {}
+        self._home_dirs: dict[str, list[str]] = {}
         self.class_keys: dict[str, tuple] = {}     # label -> (class, its own names, the MRO)
         self.builtin_names = {k for k in vars(builtins) if not k.startswith("__")}
 
@@ -313,18 +269,63 @@ class Integrity:
                 fresh.append(c)
         return fresh
 
-    def _runners_own(self, label: str, old, cur) -> bool:
-        """A change pytest makes to itself: in pytest's namespaces, a plain value where no code was,
-        or code that pytest's own files define."""
-        if label.split(".")[0] not in RUNNER_PACKAGES:
-            return False
-        o = origin(cur)
-        if o is None:
-            return not callable(old) and not _isinstance(old, type)
-        if self.in_tree(o) or not any(f"{os.sep}{p}{os.sep}" in o for p in RUNNER_PACKAGES):
-            return False
-        code = _getattr(_unwrap(cur), "__code__", None)
-        return code is None or self._code_in_file(code)
+    def _library_own(self, label: str, old, cur) -> bool:
+        """A change a library makes to itself (pytest setting its debugger's config, torch.compile
+        wrapping torch.manual_seed): its code, and every function it wraps or closes over, lives in
+        that library's own files and is what they compile to; in pytest's namespaces a plain value
+        where no code was, too."""
+        top = label.split(".")[0]
+        if origin(cur) is None:
+            return top in RUNNER_PACKAGES and not callable(old) and not _isinstance(old, type)
+        homes = self._homes(top)
+        seen, todo = set(), [cur]
+        while todo:
+            f = _unwrap(todo.pop())
+            if id(f) in seen:
+                continue
+            seen.add(id(f))
+            code = _getattr(f, "__code__", None)
+            if not _isinstance(code, types.CodeType):
+                if self.in_tree(origin(f)):
+                    return False
+                continue
+            path = self.realpath(code.co_filename)
+            if len(seen) > 20 or self.in_tree(path) or not any(path.startswith(h) for h in homes) \
+                    or not self._code_in_file(code):
+                return False
+            wrapped = _getattr(f, "__dict__", {}).get("__wrapped__")
+            todo += [wrapped] if wrapped is not None else []
+            todo += [c for c in (_cell(x) for x in (f.__closure__ or ())) if callable(c)]
+        return True
+
+    def blame(self, obj) -> str | None:
+        """The tree file behind `obj`, looking through what it wraps or closes over (a library's
+        decorator around the candidate's function); else where its own code lives."""
+        todo, seen = [obj], set()
+        while todo and len(seen) < 20:
+            f = _unwrap(todo.pop())
+            if id(f) in seen:
+                continue
+            seen.add(id(f))
+            if self.in_tree(origin(f)):
+                return self.rel(origin(f))
+            wrapped = _getattr(f, "__dict__", {}).get("__wrapped__") if _isinstance(f, types.FunctionType) else None
+            todo += [wrapped] if wrapped is not None else []
+            todo += [c for c in (_cell(x) for x in (_getattr(f, "__closure__", None) or ())) if callable(c)]
+        return self.rel(origin(obj))
+
+    def _homes(self, top: str) -> list[str]:
+        """The directories of a namespace's own library (pytest's packages count as one)."""
+        if top not in self._home_dirs:
+            dirs = []
+            for t in RUNNER_PACKAGES if top in RUNNER_PACKAGES else (top,):
+                f = _getattr(sys.modules.get(t), "__file__", None)
+                if _isinstance(f, str):
+                    dirs.append(os.path.dirname(os.path.realpath(f)) + os.sep)
+            if top in ("builtins", "math", "operator", "functools", "unittest"):
+                dirs.append(os.path.dirname(os.path.realpath(os.__file__)) + os.sep)
+            self._home_dirs[top] = dirs
+        return self._home_dirs[top]
 
     def _code_in_file(self, code: types.CodeType) -> bool:
         """`code` is compiled from the file it names (a file name can be given to compile())."""
@@ -351,10 +352,10 @@ class Integrity:
                         if ns.get(name, MISSING) is not old]
         for label, name, old, cur in changed:
             space = self.spaces[label]
-            if cur is not MISSING and (self._legit(cur, (id(space), name)) or self._runners_own(label, old, cur)):
+            if cur is not MISSING and (self._legit(cur, (id(space), name)) or self._library_own(label, old, cur)):
                 continue
             what = f"{label}.{name}" + (" deleted" if cur is MISSING else "")
-            out.append(Change("rebind", what, self.rel(origin(cur)) if cur is not MISSING else None,
+            out.append(Change("rebind", what, self.blame(cur) if cur is not MISSING else None,
                               self.rel(self.setters.get((id(space), name)))))
         for label, (klass, keys, mro) in self.class_keys.items():
             own = vars(klass)
@@ -363,8 +364,8 @@ class Integrity:
             for name in set(own) - keys:  # a new name that hides a base class's method
                 cur = own[name]
                 if any(name in vars(b) for b in mro[mro.index(klass) + 1:] if b is not object) \
-                        and not self._legit(cur, (id(klass), name)) and not self._runners_own(label, None, cur):
-                    out.append(Change("rebind", f"{label}.{name} (over its base class's)", self.rel(origin(cur)),
+                        and not self._legit(cur, (id(klass), name)) and not self._library_own(label, None, cur):
+                    out.append(Change("rebind", f"{label}.{name} (over its base class's)", self.blame(cur),
                                       self.rel(self.setters.get((id(klass), name)))))
         return out
 
@@ -452,8 +453,8 @@ class Integrity:
             key = (ff.path, const)
             if key not in self.constants:
                 try:
-                    self.constants[key] = self._eval(node, ff, ns)
-                except _Unknown:
+                    self.constants[key] = self._eval(node, ff)
+                except Unknown:
                     self.constants[key] = MISSING
             want = self.constants[key]
             if want is MISSING:
@@ -554,55 +555,28 @@ class Integrity:
             self._definers[key] = found[0] if len(found) == 1 else None
         return self._definers[key]
 
-    def _eval(self, node, ff: FrozenFile, ns):
-        """A frozen constant's value from its source: literals, names of the snapshot's modules,
-        attributes of those, os.environ.get / os.getenv as the environment stood at load."""
-        ev = functools.partial(self._eval, ff=ff, ns=ns)
-        if _isinstance(node, ast.Constant):
-            return node.value
-        if _isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            vals = [ev(e) for e in node.elts]
-            return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](vals)
-        if _isinstance(node, ast.Dict):
-            if any(k is None for k in node.keys):
-                raise _Unknown
-            return {ev(k): ev(v) for k, v in zip(node.keys, node.values, strict=True)}
-        if _isinstance(node, ast.Name):
+    def _eval(self, node, ff: FrozenFile):
+        """A frozen constant's value from its source (`flaloop_gate_frozen.evaluate`): names of the
+        snapshot's modules and their attributes, the file's constants known so far, the
+        environment as it stood at load."""
+
+        def name(n: str):
             for local, src, attr in ff.imports:
-                if local == node.id and attr is None and src in self.modules:
+                if local == n and attr is None and src in self.modules:
                     return self.modules[src]
-                if local == node.id and attr is not None and (src, attr) in self.entries:
+                if local == n and attr is not None and (src, attr) in self.entries:
                     return self.entries[(src, attr)]
-            key = (ff.path, node.id)
-            if self.constants.get(key, MISSING) is not MISSING:
-                return self.constants[key]
-            raise _Unknown
-        if _isinstance(node, ast.Attribute):
-            base = ev(node.value)
-            if _isinstance(base, types.ModuleType):
-                label = next((k for k, m in self.modules.items() if m is base), None)
-                if label and (label, node.attr) in self.entries:
-                    return self.entries[(label, node.attr)]
-            raise _Unknown
-        if _isinstance(node, ast.UnaryOp) and _isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
-            v = ev(node.operand)
-            return -v if _isinstance(node.op, ast.USub) else (+v if _isinstance(node.op, ast.UAdd) else not v)
-        if _isinstance(node, ast.BinOp) and _isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)):
-            a, b = ev(node.left), ev(node.right)
-            if not all(_isinstance(x, (int, float)) for x in (a, b)):
-                raise _Unknown
-            return {ast.Add: a + b if True else 0, ast.Sub: a - b, ast.Mult: a * b,
-                    ast.Div: a / b if b else 0.0, ast.Pow: a ** b if abs(b) < 64 else 0}[type(node.op)]
-        if _isinstance(node, ast.Compare) and len(node.ops) == 1 and _isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
-            a, b = ev(node.left), ev(node.comparators[0])
-            return (a == b) if _isinstance(node.ops[0], ast.Eq) else (a != b)
-        if _isinstance(node, ast.Call) and not node.keywords:
-            f = node.func
-            text = ast.unparse(f)
-            if text in ("os.environ.get", "os.getenv") and 1 <= len(node.args) <= 2:
-                args = [ev(a) for a in node.args]
-                return self.env.get(*args)
-        raise _Unknown
+            if self.constants.get((ff.path, n), MISSING) is not MISSING:
+                return self.constants[(ff.path, n)]
+            raise Unknown(n)
+
+        def attribute(base, attr: str):
+            label = next((k for k, m in self.modules.items() if m is base), None)
+            if label and (label, attr) in self.entries:
+                return self.entries[(label, attr)]
+            raise Unknown(attr)
+
+        return evaluate(node, name, attribute, self.env)
 
     def _check_hooks(self) -> list[Change]:
         pm = _getattr(self, "pm", None)

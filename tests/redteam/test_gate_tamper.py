@@ -135,6 +135,15 @@ PLANTS = {
                 return min(v, 1e-9) if isinstance(v, float) else v
             setattr(torch.Tensor, "it" + "em", item)
             """, "item"),
+        ("import", """
+            import torch
+            orig = getattr(torch.Tensor, "it" + "em")
+            def item(self):
+                v = orig(self)
+                return min(v, 1e-9) if isinstance(v, float) else v
+            # torch's own decorator around it: the code it wraps is still the candidate's
+            setattr(torch.Tensor, "it" + "em", torch._disable_dynamo(item))
+            """, "item"),
     ],
     "code-swap": [
         ("first_call", """
@@ -304,6 +313,9 @@ def test_the_wrong_kernel_alone_fails_the_frozen_test(minifla):
 
 HONEST = [
     ("new_module", """
+        import torch._dynamo  # torch.compile's machinery rewraps torch.manual_seed as it loads
+        """),
+    ("new_module", """
         import functools
         import torch
         CONFIGS = [{"BT": bt, "num_warps": w} for bt in (16, 32) for w in (2, 4)]
@@ -321,8 +333,10 @@ HONEST = [
 ]
 
 
-@pytest.mark.parametrize(("where", "snippet"), HONEST, ids=["helper-module", "own-module-patched"])
+@pytest.mark.parametrize(("where", "snippet"), HONEST, ids=["dynamo-loaded", "helper-module", "own-module-patched"])
 def test_honest_candidates_stay_green(minifla, where, snippet):
+    """A helper module with tuning configurations and a cache, the op's own module patched, and a
+    library that changes itself as it loads (torch's compiler) stay green."""
     plant(minifla, where, snippet, wrong=False)
     edit(minifla / CHUNK, "b_o = b_o * scale", "b_o = scale * b_o")
     result = run(minifla)
