@@ -52,7 +52,7 @@ def _emit(event: dict) -> None:
 
 def _integrity() -> flaloop_gate_integrity.Integrity | None:
     tree = os.environ.get("FLALOOP_GATE_TREE")
-    if not tree:
+    if not tree or os.environ.get("FLALOOP_GATE_MARKER_SKIPS") == "1":  # a collect-only baseline runs nothing
         return None
     frozen = [f for f in os.environ.get("FLALOOP_GATE_FROZEN", "").split(os.pathsep) if f]
     guard = flaloop_gate_integrity.Integrity(tree, frozen)
