@@ -8,7 +8,9 @@ turns red when
   - fewer cases ran than were selected,
   - pytest exits non-zero, or no test ran,
   - a weakening variable (FLA_CI_ENV, SKIP_TEST_*, ...) is set inside the test process,
-  - the target package was imported from somewhere other than the tree under test.
+  - the target package was imported from somewhere other than the tree under test,
+  - the test process was tampered with in memory: a judge, pytest's reporting path or the gate
+    plugin changed, or the plugin's integrity reports are missing (`gate_integrity`).
 Weakening variables in the caller's environment are removed before the run, and said so.
 Where several xdist workers shared the GPUs, a test whose failure is the GPU running out of
 memory runs again alone and counts by that answer (`_retry_out_of_memory`; the result's
@@ -42,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flaloop import fsutil, git, procs, testcalls
+from flaloop import fsutil, gate_integrity, git, procs, testcalls
 from flaloop.contract import Contract, changed_frozen
 from flaloop.errors import UsageError
 from flaloop.target import Target
@@ -85,6 +87,8 @@ class PytestRun:
     short_summary: list[str] = field(default_factory=list)  # pytest's `FAILED id - reason` lines
     log_tail: str = ""
     crashes: dict[str, dict] = field(default_factory=dict)  # failed id -> {when, message} (pytest's one line)
+    integrity: dict | None = None  # gate_integrity.collect(); None where it was not asked for
+    junit_outcomes: dict[str, str] = field(default_factory=dict)
 
     @property
     def ran(self) -> int:
@@ -126,6 +130,9 @@ class GateResult:
         if d["run"]:
             d["run"].pop("outcomes", None)
             d["run"].pop("junit_ids", None)
+            d["run"].pop("junit_outcomes", None)
+            if d["run"].get("integrity"):
+                d["run"]["integrity"].pop("tested", None)
         return d
 
     @classmethod
@@ -188,10 +195,12 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                progress: Progress | None = None, timeout: float | None = None,
                collect_only: bool = False, workers: int = 0, gpus: list[str] | None = None,
                cancel: threading.Event | None = None, node_ids: list[str] | None = None,
-               callrec: Path | None = None) -> PytestRun:
+               callrec: Path | None = None, frozen: list[str] | None = None) -> PytestRun:
     """Run the test file of `tree` via a neutral symlink (or, with `node_ids`, those tests of it);
     collect junit, events and the log. With `callrec` (a directory), the test's calls into the
-    package are recorded there (scripts/flaloop_callrec.py; only a run at the base is asked to)."""
+    package are recorded there (scripts/flaloop_callrec.py; only a run at the base is asked to).
+    `frozen` (paths relative to the tree) are the files whose code the plugin holds the test
+    process to."""
     tmp = git.neutral_tempdir("flaloop-gate-")
     try:
         link = tmp / "tree"
@@ -209,7 +218,8 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
             cmd += ["--collect-only", "-q"]
         elif workers:
             cmd += ["-n", str(workers)]
-        pypath = [str(link), str(PLUGIN_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        # flaloop's plugin first: a module of the same name in the tree must not stand in for it
+        pypath = [str(PLUGIN_DIR), str(link)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         # an xdist worker's identity from a pytest that runs flaloop is not this pytest's: its own
         # workers set their own, and a run without workers must not look like one
         outer = {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST_")}
@@ -218,6 +228,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                    "PYTHONUNBUFFERED": "1", "FLALOOP_GATE_MARKER_SKIPS": "1" if collect_only else "0",
                    "FLALOOP_GATE_GPUS": ",".join(gpus or []),
                    **({"FLALOOP_CALLREC_DIR": str(callrec)} if callrec is not None and not collect_only else {}),
+                   "FLALOOP_GATE_TREE": str(link), "FLALOOP_GATE_FROZEN": os.pathsep.join(frozen or []),
                    # pytest cuts its `FAILED id - reason` lines at the terminal width
                    "COLUMNS": "400"}
         try:
@@ -256,7 +267,10 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                         crashes=crashes, wall_s=wall, package_file=(outside or files or [None])[0], env_inside=env_inside,
                         marker_skips=first.get("marker_skips"),
                         workers={e["worker"]: e.get("cuda_visible_devices") for e in collected_evs if e.get("worker")})
+        if not collect_only:
+            run.integrity = gate_integrity.collect(evs, str(PLUGIN_DIR / "flaloop_gate_plugin.py"))
         if junit.exists():
+            run.junit_outcomes = gate_integrity.junit_outcomes(junit)
             counts, run.junit_time, run.junit_ids = parse_junit(junit)
             run.failed, run.errors, run.skipped = counts["failures"], counts["errors"], counts["skipped"]
             run.passed = counts["tests"] - run.failed - run.errors - run.skipped
@@ -449,6 +463,9 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Red
         out.append(RedReason("wrong-tree", f"{package_root} was imported from {run.package_file}, "
                                          f"not from the tree under test",
                            "an installed copy shadows the checkout: the gate would test the wrong code"))
+    if run.integrity is not None:
+        out += [RedReason("gate-tampered", message, detail) for message, detail in
+                gate_integrity.reasons(run.integrity, run.outcomes, run.junit_outcomes, run.exit_code)]
     return out
 
 
@@ -473,7 +490,7 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
     def candidate(n: int, cancel: threading.Event | None = None) -> PytestRun:
         return run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env, package=package,
                           watch=watch, log_path=log_path, progress=progress, timeout=timeout, workers=n, gpus=gpus,
-                          cancel=cancel, callrec=callrec)
+                          cancel=cancel, callrec=callrec, frozen=[f.path for f in contract.frozen])
 
     base = _cached_baseline(target, contract, k_expr, "collect")
     if base is not None:
@@ -619,7 +636,8 @@ def _retry_out_of_memory(target: Target, contract: Contract, env: dict[str, str]
     alone_log = log_path.with_name(log_path.stem + "-oom-alone.log")
     again = run_pytest(target.python, target.root, contract.test_file, k_expr=None, env=env,
                        package=contract.import_path.split(".")[0], watch=watch, log_path=alone_log,
-                       progress=progress, timeout=timeout, workers=0, gpus=gpus, cancel=cancel, node_ids=ids)
+                       progress=progress, timeout=timeout, workers=0, gpus=gpus, cancel=cancel, node_ids=ids,
+                       frozen=[f.path for f in contract.frozen])
     passed = [i for i in ids if again.outcomes.get(i) == "passed"]
     retry = {"ids": ids, "workers": len(run.workers), "passed_alone": passed,
              "still_failing": {i: (again.crashes.get(i) or {}).get("message") or again.outcomes.get(i, "did not run")

@@ -1,0 +1,427 @@
+"""The frozen test frozen in memory too: a candidate whose kernel is 2% off and that changes, in the
+test's own process, what the frozen test judges with or what pytest reports, turns the gate red with
+the route named; honest changes stay green. Every plant leaves the frozen files on disk alone and
+builds the names it touches at run time. Real git, real pytest subprocesses, Triton's interpreter.
+
+Each plant is made from one of three places: the op's module at import, the op's first call, or
+a module the candidate adds (imported by the op's module)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import OP, edit, git
+
+from flaloop.contract import Contract
+from flaloop.gate import run_gate
+from flaloop.target import Target
+
+CHUNK = Path("minifla/ops/linear_attn/chunk.py")
+NEW = Path("minifla/ops/linear_attn/_launch_cache.py")
+K = "test_no_final_state"  # one fast test whose judge runs after the op's first call
+WRONG = ("b_o = b_o * scale", "b_o = b_o * scale * 1.02")  # 2% off: the frozen judge fails it
+
+
+@pytest.fixture(scope="module")
+def minifla(prepared_repo, tmp_path_factory):
+    """One copy of the prepared minifla repo for the module; each test resets it."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    repo = tmp_path_factory.mktemp("tamper") / "minifla"
+    shutil.copytree(prepared_repo, repo, symlinks=True)
+    return repo
+
+
+def _reset(repo: Path) -> None:
+    git(repo, "checkout", "-q", "--", ".")
+    git(repo, "clean", "-fdq")  # profile/ is ignored: the cached baseline stays
+
+
+def plant(repo: Path, where: str, snippet: str | tuple[str, ...], wrong: bool = True) -> None:
+    """Put `snippet` (the body of a function, or its parts) into the candidate, run from `where`."""
+    _reset(repo)
+    if wrong:
+        edit(repo / CHUNK, *WRONG)
+    body = textwrap.indent(code(*snippet) if isinstance(snippet, tuple) else code(snippet), "    ")
+    fn = f"\n\ndef _tune():\n{body}\n"
+    if where == "import":
+        (repo / CHUNK).write_text((repo / CHUNK).read_text() + fn + "\n\n_tune()\n")
+    elif where == "first_call":
+        (repo / CHUNK).write_text((repo / CHUNK).read_text() + fn + "\n\n_TUNED = []\n")
+        edit(repo / CHUNK, "    N, scale, max_len = check_inputs(",
+             "    if not _TUNED:\n        _TUNED.append(1)\n        _tune()\n    N, scale, max_len = check_inputs(")
+    elif where == "new_module":
+        (repo / NEW).write_text(f'"""Launch configurations, cached."""{fn}\n\n_tune()\n')
+        edit(repo / CHUNK, "from minifla.ops.linear_attn._common import",
+             "from minifla.ops.linear_attn import _launch_cache  # noqa: F401\nfrom minifla.ops.linear_attn._common import")
+    else:
+        raise ValueError(where)
+
+
+def code(*parts: str) -> str:
+    """Plant code from parts, each dedented on its own."""
+    return "\n".join(textwrap.dedent(p).strip("\n") for p in parts)
+
+
+def run(repo: Path, k: str | None = K):
+    target = Target.discover(repo)
+    return run_gate(target, Contract.load(target, OP), k_expr=k, regate=True, record_last=False)
+
+
+def tampered(result) -> list[str]:
+    return [f.message for f in result.findings if f.kind == "gate-tampered"]
+
+
+# The judge made lenient: what each plant adds so that the wrong kernel passes.
+LENIENT_TEST_GLOBAL = """
+import sys
+name, owner = "assert" + "_close", "mini" + "fla.utils"
+orig = getattr(sys.modules[owner], name)
+for mod in list(sys.modules.values()):
+    if getattr(mod, name, None) is orig and getattr(mod, "__name__", "") != owner:
+        setattr(mod, name, lambda *a, **k: None)
+"""
+LENIENT_AT_IMPORT = """
+import importlib
+setattr(importlib.import_module("mini" + "fla.utils"), "assert" + "_close", lambda *a, **k: None)
+"""
+
+# route -> [(where, code, words the finding must hold)], at least two disguises each
+PLANTS = {
+    "rebind": [
+        ("import", LENIENT_AT_IMPORT, "assert_close"),
+        ("first_call", LENIENT_TEST_GLOBAL, "assert_close"),
+        ("new_module", """
+            import importlib
+            m = importlib.import_module("mini" + "fla.utils")
+            setattr(m, "get_abs" + "_err", lambda ref, tri: 0.0)
+            """, "get_abs_err"),
+        ("first_call", """
+            import sys
+            name = "naive" + "_linear_attn"
+            mine = sys.modules["mini" + "fla.ops.linear_attn.chunk"]
+            for mod in list(sys.modules.values()):
+                if getattr(mod, "__name__", "").startswith("test") and hasattr(mod, name):
+                    def reference(q, k, v, scale=None, initial_state=None, output_final_state=False):
+                        return mine.chunk_linear_attn(q, k, v, scale, initial_state, output_final_state)
+                    setattr(mod, name, reference)
+            """, "naive_linear_attn"),
+        ("first_call", ("""
+            import functools, sys
+            name = "fused_recurrent" + "_linear_attn"
+            for mod in list(sys.modules.values()):
+                ref = getattr(mod, name, None)
+                if getattr(mod, "__name__", "").startswith("test") and ref is not None:
+                    setattr(mod, name, functools.wraps(ref)(lambda *a, _r=ref, **k: _r(*a, **k)))
+            """, LENIENT_TEST_GLOBAL), "fused_recurrent_linear_attn"),
+    ],
+    "wrap": [
+        ("new_module", """
+            import functools, importlib
+            m = importlib.import_module("mini" + "fla.utils")
+            for n in ("get_abs" + "_err", "get_err" + "_ratio"):
+                f = getattr(m, n)
+                setattr(m, n, functools.wraps(f)(lambda ref, tri, _f=f: min(_f(ref, tri), 1e-9)))
+            """, "get_"),
+        ("first_call", """
+            import functools, torch
+            orig = getattr(torch.Tensor, "it" + "em")
+            @functools.wraps(orig)
+            def item(self):
+                v = orig(self)
+                return min(v, 1e-9) if isinstance(v, float) else v
+            setattr(torch.Tensor, "it" + "em", item)
+            """, "item"),
+        ("import", """
+            import torch
+            orig = getattr(torch.Tensor, "it" + "em")
+            def item(self):
+                v = orig(self)
+                return min(v, 1e-9) if isinstance(v, float) else v
+            # torch's own decorator around it: the code it wraps is still the candidate's
+            setattr(torch.Tensor, "it" + "em", torch._disable_dynamo(item))
+            """, "item"),
+    ],
+    "code-swap": [
+        ("first_call", """
+            import importlib
+            f = getattr(importlib.import_module("mini" + "fla.utils"), "assert" + "_close")
+            f.__code__ = (lambda prefix, ref, tri, ratio, atol=1e-6: None).__code__
+            """, "assert_close"),
+        ("new_module", """
+            import importlib
+            m = importlib.import_module("mini" + "fla.utils")
+            for n in ("get_abs" + "_err", "get_err" + "_ratio"):
+                getattr(m, n).__code__ = (lambda ref, tri: 0.0).__code__
+            """, "get_"),
+        ("import", """
+            import importlib
+            f = getattr(importlib.import_module("mini" + "fla.utils"), "assert" + "_close")
+            f.__defaults__ = (1e9,)
+            """, "assert_close"),
+    ],
+    "sys-modules": [
+        ("import", """
+            import sys, types
+            name = "mini" + "fla.utils"
+            fake = types.ModuleType(name)
+            fake.__dict__.update(sys.modules[name].__dict__)
+            setattr(fake, "assert" + "_close", lambda *a, **k: None)
+            sys.modules[name] = fake
+            """, "utils"),
+        ("new_module", """
+            import importlib.util, sys
+            name = "mini" + "fla.utils"
+            spec = importlib.util.find_spec(name)
+            src = open(spec.origin).read().replace("assert err_ratio <= ratio, msg", "return")
+            mod = importlib.util.module_from_spec(spec)
+            exec(compile(src, spec.origin, "exec"), mod.__dict__)
+            sys.modules[name] = mod
+            """, "assert_close"),
+    ],
+    "report-hook": [
+        ("first_call", """
+            import gc, pytest
+            cfg = next(o for o in gc.get_objects() if type(o).__name__ == "Con" + "fig"
+                       and hasattr(o, "plugin" + "manager"))
+            class Helper:
+                @pytest.hookimpl(hookwrapper=True)
+                def pytest_runtest_makereport(self, item, call):
+                    out = yield
+                    rep = out.get_result()
+                    if rep.failed:
+                        rep.outcome, rep.longrepr = "passed", None
+            cfg.pluginmanager.register(Helper(), "launch" + "-cache")
+            """, "pytest_runtest_makereport"),
+        ("import", """
+            import importlib
+            TR = importlib.import_module("_py" + "test.reports").TestReport
+            orig = TR.from_item_and_call.__func__
+            def made(cls, item, call):
+                rep = orig(cls, item, call)
+                if rep.failed:
+                    rep.outcome, rep.longrepr = "passed", None
+                return rep
+            setattr(TR, "from_item" + "_and_call", classmethod(made))
+            """, "TestReport"),
+    ],
+    "plugin": [
+        ("first_call", ("""
+            import sys
+            p = sys.modules.get("flaloop_gate" + "_plugin")
+            for n in dir(p):
+                if "guard" in n and callable(getattr(p, n)):
+                    setattr(p, n, lambda *a, **k: None)
+            """, LENIENT_TEST_GLOBAL), ""),
+        ("import", ("""
+            import gc
+            cfg = next(o for o in gc.get_objects() if type(o).__name__ == "Con" + "fig"
+                       and hasattr(o, "plugin" + "manager"))
+            cfg.pluginmanager.unregister(name="flaloop_gate" + "_plugin")
+            """, LENIENT_AT_IMPORT), ""),
+        ("first_call", ("""
+            import sys
+            p = sys.modules.get("flaloop_gate" + "_plugin")
+            getattr(p, "pytest_runtest" + "_logfinish").__code__ = (lambda nodeid, location: None).__code__
+            """, LENIENT_TEST_GLOBAL), "code"),
+    ],
+    "channel": [
+        ("first_call", ("""
+            import os
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{fd}").endswith("events" + ".jsonl"):
+                        os.close(int(fd))
+                except OSError:
+                    pass
+            """, LENIENT_TEST_GLOBAL), "channel"),
+        ("new_module", ("""
+            import os
+            null = os.open(os.devnull, os.O_WRONLY)
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{fd}").endswith("events" + ".jsonl"):
+                        os.dup2(null, int(fd))
+                except OSError:
+                    pass
+            """, LENIENT_AT_IMPORT), "channel"),
+    ],
+    "frozen-value": [
+        ("import", """
+            import importlib
+            setattr(importlib.import_module("mini" + "fla.utils"), "CI" + "_ENV", True)
+            """, "CI_ENV"),
+        ("first_call", """
+            import sys
+            for mod in list(sys.modules.values()):
+                table = getattr(mod, "TOLER" + "ANCE", None)
+                if isinstance(table, dict):
+                    for key in table:
+                        table[key] = 0.5
+            """, "TOLERANCE"),
+    ],
+    "torch-mode": [
+        ("first_call", """
+            import sys
+            def tracer(frame, event, arg):
+                if event == "call" and frame.f_code.co_name == "assert" + "_close":
+                    frame.f_locals["ratio"] = 1.0
+                return None
+            sys.settrace(tracer)
+            """, "settrace"),
+        ("new_module", """
+            from torch.overrides import TorchFunctionMode
+            class Lenient(TorchFunctionMode):
+                def __torch_function__(self, func, types, args=(), kwargs=None):
+                    out = func(*args, **(kwargs or {}))
+                    if getattr(func, "__name__", "") == "it" + "em" and isinstance(out, float):
+                        return min(out, 1e-9)
+                    return out
+            Lenient().__enter__()
+            """, "mode"),
+    ],
+}
+
+CASES = [pytest.param(route, where, code, words, id=f"{route}-{i}-{where}")
+         for route, plants in PLANTS.items() for i, (where, code, words) in enumerate(plants)]
+
+
+@pytest.mark.parametrize(("route", "where", "snippet", "words"), CASES)
+def test_tampering_turns_the_gate_red_with_the_route_named(minifla, route, where, snippet, words):
+    plant(minifla, where, snippet)
+    result = run(minifla)
+    messages = tampered(result)
+    assert not result.green and messages, [(f.kind, f.message) for f in result.findings]
+    assert any(words in m for m in messages), messages
+    # The cheat worked on the frozen test: without the integrity check the wrong kernel passes.
+    assert result.run.failed == 0 or route in ("plugin", "channel"), result.findings
+    if route not in ("plugin", "channel"):
+        # the message names the file whose code did it, where the route leaves a code object
+        assert any(str(NEW) in m or str(CHUNK) in m for m in messages) or route in (
+            "frozen-value", "sys-modules", "torch-mode", "code-swap"), messages
+
+
+def test_the_wrong_kernel_alone_fails_the_frozen_test(minifla):
+    """The control: with no plant the 2% error fails the judge, so each green above was the cheat's."""
+    plant(minifla, "import", "pass")
+    result = run(minifla)
+    assert not result.green and result.run.failed > 0 and not tampered(result)
+
+
+HONEST = [
+    ("new_module", """
+        import torch._dynamo  # torch.compile's machinery rewraps torch.manual_seed as it loads
+        """),
+    ("new_module", """
+        import functools
+        import torch
+        CONFIGS = [{"BT": bt, "num_warps": w} for bt in (16, 32) for w in (2, 4)]
+        @functools.lru_cache(maxsize=None)
+        def pick(n):
+            return CONFIGS[n % len(CONFIGS)]
+        pick(3)
+        torch.manual_seed(0)
+        """),
+    ("first_call", """
+        import importlib
+        m = importlib.import_module("mini" + "fla.ops.linear_attn.chunk")
+        setattr(m, "_num" + "_warps", lambda BK, BV: 4)
+        """),
+]
+
+
+@pytest.mark.parametrize(("where", "snippet"), HONEST, ids=["dynamo-loaded", "helper-module", "own-module-patched"])
+def test_honest_candidates_stay_green(minifla, where, snippet):
+    """A helper module with tuning configurations and a cache, the op's own module patched, and a
+    library that changes itself as it loads (torch's compiler) stay green."""
+    plant(minifla, where, snippet, wrong=False)
+    edit(minifla / CHUNK, "b_o = b_o * scale", "b_o = scale * b_o")
+    result = run(minifla)
+    assert result.green, [(f.kind, f.message) for f in result.findings]
+
+
+def test_the_full_gate_is_red_too_and_an_untouched_tree_is_green(minifla):
+    """The rule holds for the whole file, not only a -k subset; the base's own conftest monkeypatches
+    torch for every test and stays green."""
+    _reset(minifla)
+    clean = run(minifla, k=None)
+    assert clean.green, [(f.kind, f.message) for f in clean.findings]
+    assert clean.run.integrity["checks"] >= 2 * len(clean.run.selected)
+    plant(minifla, "first_call", LENIENT_TEST_GLOBAL)
+    result = run(minifla, k=None)
+    assert any("assert_close" in m for m in tampered(result)), result.findings
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("flaloop_gate_plugin", "import pytest\n"),
+    ("flaloop_gate_integrity", "class Integrity:\n    def __init__(self, *a):\n        pass\n"),
+], ids=["plugin", "integrity"])
+def test_a_module_in_the_tree_named_like_the_plugin_cannot_stand_in(minifla, name, text):
+    """pytest may put the tree first on sys.path: a stand-in for the plugin sends no reports (red),
+    and the plugin loads its own helpers by path, so a stand-in for those never runs (red by the
+    plant it hides)."""
+    plant(minifla, "first_call", LENIENT_TEST_GLOBAL)
+    (minifla / f"{name}.py").write_text(text)
+    result = run(minifla)
+    messages = tampered(result)
+    assert any("channel" in m for m in messages) if name == "flaloop_gate_plugin" else \
+        any("assert_close" in m for m in messages), messages
+
+
+# -- the orchestrator's side on its own: what it demands of the plugin's reports ----------------
+
+PLUGIN = "/opt/flaloop/scripts/flaloop_gate_plugin.py"
+INTEGRITY = "/opt/flaloop/scripts/flaloop_gate_integrity.py"
+ID = "tests/ops/test_x.py::test_a[1]"
+
+
+def _events(**drop) -> list[dict]:
+    evs = [{"event": "guard-ready", "pid": 7, "plugin_file": PLUGIN, "integrity_file": INTEGRITY},
+           {"event": "collected", "pid": 7, "ids": [ID]},
+           {"event": "guard-collected", "pid": 7, "changes": [], "checks": 1},
+           {"event": "result", "id": ID, "outcome": "passed", "when": "call"},
+           {"event": "guard-call", "pid": 7, "id": ID, "changes": [], "checks": 2},
+           {"event": "guard-test", "pid": 7, "id": ID, "changes": [], "checks": 3},
+           {"event": "guard-final", "pid": 7, "changes": [], "checks": 4},
+           {"event": "finish", "pid": 7, "exitstatus": 0}]
+    return [e for e in evs if e["event"] not in drop.get("events", ())]
+
+
+def _reasons(events, outcomes=None, junit=None, exit_code=0):
+    from flaloop import gate_integrity
+
+    return gate_integrity.reasons(gate_integrity.collect(events, PLUGIN), outcomes or {ID: "passed"},
+                                  {"tests.ops.test_x::test_a[1]": "passed"} if junit is None else junit, exit_code)
+
+
+def test_complete_reports_from_flaloops_plugin_are_clean():
+    assert _reasons(_events()) == []
+
+
+@pytest.mark.parametrize(("drop", "words"), [
+    ({"events": ("guard-ready",)}, "never reported"),
+    ({"events": ("guard-final",)}, "final report"),
+    ({"events": ("guard-test",)}, "no integrity check"),
+])
+def test_missing_reports_are_red(drop, words):
+    assert any(words in m for m, _ in _reasons(_events(**drop))), _reasons(_events(**drop))
+
+
+def test_a_stand_in_plugin_and_a_forged_junit_are_red():
+    forged = [dict(e, plugin_file="/tree/flaloop_gate_plugin.py") if e["event"] == "guard-ready" else e
+              for e in _events()]
+    assert any("not flaloop's" in m for m, _ in _reasons(forged))
+    failed = _reasons(_events(), outcomes={ID: "failed"})
+    assert any("JUnit's outcomes disagree" in m for m, _ in failed), failed
+
+
+def test_a_change_reported_by_the_plugin_names_route_what_and_file():
+    evs = _events()
+    evs[4] = dict(evs[4], changes=[{"route": "rebind", "what": "minifla.utils.assert_close",
+                                    "origin": "minifla/ops/x.py", "setter": None}])
+    (message, detail), = _reasons(evs)
+    assert "(rebind)" in message and "minifla.utils.assert_close" in message and "minifla/ops/x.py" in message
+    assert ID in detail
