@@ -116,19 +116,27 @@ def suite_replay(ctx: Ctx) -> None:
             f["rule"] == "unseen-option-differs" and "initial_state=tensor" in f["message"] for f in found),
             f"exit {code}, blocking rules {sorted({f['rule'] for f in found})}")
 
-        # the tests' own calls, the judge loosened in the gate's process, the options off
+        # the tests' own calls, the judge loosened in the gate's process, the options off: the gate's
+        # in-memory freeze turns verify red (gate-tampered), and a bench with no gate at all must block
+        # the kernel by the replayed calls alone
         (repo / entry).write_text(src + CALL_PLANT)
         code, wall, doc = run(ctx, ["verify", OP, "--repo", str(repo), "--json", "--unseen-options", "0", *PAIRS],
+                              d / "call-plant-verify", env=env)
+        gate = (doc or {}).get("gate") or {}
+        tampered = "gate-tampered" in json.dumps(gate)
+        lines.append(f"scale off by 1% and assert_close a no-op, verify: exit {code} in {wall:.1f}s, gate green "
+                     f"{gate.get('green')}, gate-tampered named {tampered}")
+        goal("loosened judge turns the gate red", code == 1 and gate.get("green") is False and tampered,
+             f"exit {code}, gate green {gate.get('green')}, gate-tampered named {tampered}")
+        code, wall, doc = run(ctx, ["bench", OP, "--repo", str(repo), "--json", "--unseen-options", "0", *PAIRS],
                               d / "call-plant", env=env)
         rec = record_of(doc) or {}
-        gate = (doc or {}).get("gate") or {}
         found = _findings(rec)
-        lines.append(f"scale off by 1% and assert_close a no-op: exit {code} in {wall:.1f}s, gate green "
-                     f"{gate.get('green')}")
+        lines.append(f"the same, bench with no gate: exit {code} in {wall:.1f}s")
         lines += [f"    {f['rule']}: {f['message'][:300]}" for f in found[:4]]
-        goal("forged gate, wrong kernel blocked at verify", code == 1 and any(
-            f["rule"] == "test-call-differs" for f in found), f"exit {code}, gate green {gate.get('green')}, "
-            f"blocking rules {sorted({f['rule'] for f in found})}")
+        goal("wrong kernel on the tests' calls blocked by the replay alone", code == 1 and any(
+            f["rule"] == "test-call-differs" for f in found),
+            f"exit {code}, blocking rules {sorted({f['rule'] for f in found})}")
     finally:
         (repo / entry).write_text(src)
     write(d / "summary.txt", "\n".join(lines) + "\n")
