@@ -70,6 +70,8 @@ def test_l2_side_streams_library_kernels_and_settings_fire_on_the_candidate_only
     assert rules(base, _report()) == set()
     assert rules(base, _report(l2={"window_bytes": 1 << 26})) == {"l2-persisting"}
     assert rules(base, _report(l2={"persisting_limit_bytes": 1 << 30})) == {"l2-persisting"}
+    # a base that reads a limit set aside (11.25 MiB on the H200): lowering it is a change of the device's setting too
+    assert rules(base, _report(l2={"persisting_limit_bytes": 7864320})) == {"l2-persisting"}
     assert rules(base, _report(census={"n_streams": 2})) == {"side-stream"}
     assert rules(base, _report(census={"library_kernels": {"sm90_xmma_gemm_bf16": 2}})) == {"library-compute"}
     assert rules(base, _report(census={"triton_launches": {}, "own_gpu_kernels": 0})) == {"no-own-kernel"}

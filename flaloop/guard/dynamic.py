@@ -214,9 +214,16 @@ def cell_findings(cell: str, base: dict, cand: dict, mutated: dict | None, diff_
     bl, cl = base.get("l2") or {}, cand.get("l2") or {}
     if cl.get("checked"):
         # each value read on its own: one the runtime refused (None) leaves the other judged
-        for key, label in (("persisting_limit_bytes", "persisting-L2 limit"), ("window_bytes", "access-policy window")):
-            if cl.get(key) is not None and cl[key] > (bl.get(key) or 0):
-                out.append(finding("l2-persisting", f"{label} {cl[key]} bytes (base {bl.get(key)})", cell))
+        # The limit is a device setting the base need not leave at 0 (an unplanted base read 11.25 MiB on
+        # the H200, 2026-12-03): a candidate that moves it either way changed what the L2 keeps; a window
+        # is the candidate's own ask and counts when it grows.
+        limit, window = "persisting_limit_bytes", "window_bytes"
+        if cl.get(limit) is not None and bl.get(limit) is not None and cl[limit] != bl[limit]:
+            out.append(finding("l2-persisting", f"persisting-L2 limit {cl[limit]} bytes (base {bl[limit]})", cell))
+        elif cl.get(limit) is not None and bl.get(limit) is None and cl[limit] > 0:
+            out.append(finding("l2-persisting", f"persisting-L2 limit {cl[limit]} bytes (base unread)", cell))
+        if cl.get(window) is not None and cl[window] > (bl.get(window) or 0):
+            out.append(finding("l2-persisting", f"access-policy window {cl[window]} bytes (base {bl.get(window)})", cell))
 
     diffs = numeric_differences(base.get("numeric") or {}, cand.get("numeric") or {}, expected=cand_env)
     if diffs:
