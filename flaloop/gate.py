@@ -342,7 +342,8 @@ def _baseline_cache(target: Target, contract: Contract, k_expr: str | None, kind
 
 def _cached_baseline(target: Target, contract: Contract, k_expr: str | None, kind: str) -> dict | None:
     cached = fsutil.read_json_cache(_baseline_cache(target, contract, k_expr, kind))
-    if isinstance(cached, dict) and isinstance(cached.get("selected"), list):
+    # a baseline from before the base's own in-memory changes were recorded is taken again (seconds)
+    if isinstance(cached, dict) and isinstance(cached.get("selected"), list) and "integrity_changes" in cached:
         return {**cached, "cached": True}
     return None
 
@@ -366,7 +367,9 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     with git.worktree(target.root, contract.base_commit, "base") as wt:
         run = run_pytest(target.python, wt, contract.test_file, k_expr=k_expr, env=env, package=package,
                          watch=watch, log_path=cache.with_suffix(".log"), progress=progress, timeout=timeout,
-                         collect_only=kind == "collect", cancel=cancel)
+                         collect_only=kind == "collect", cancel=cancel, frozen=[f.path for f in contract.frozen])
+        # what the base's own process changed (installed plugins, the base's modules): never the candidate's
+        base_changes = gate_integrity.keys(run.integrity, (str(wt),))
     ok_codes = (0,) if kind == "collect" else (0, 1)
     if run.exit_code not in ok_codes or not run.selected or (kind == "collect" and run.marker_skips is None):
         raise UsageError(
@@ -378,7 +381,7 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     skipped = len(run.marker_skips or []) if kind == "collect" else run.skipped
     data = {"kind": kind, "base_commit": contract.base_commit, "k_expr": k_expr, "python": target.python,
             "selected": run.selected, "skipped": skipped, "failed": run.failed, "errors": run.errors,
-            "passed": run.passed, "wall_s": round(run.wall_s, 2)}
+            "passed": run.passed, "wall_s": round(run.wall_s, 2), "integrity_changes": base_changes}
     fsutil.atomic_write_json(cache, data)
     return {**data, "cached": False}
 
@@ -465,7 +468,8 @@ def judge(run: PytestRun, base: dict, package_root: str, tree: Path) -> list[Red
                            "an installed copy shadows the checkout: the gate would test the wrong code"))
     if run.integrity is not None:
         out += [RedReason("gate-tampered", message, detail) for message, detail in
-                gate_integrity.reasons(run.integrity, run.outcomes, run.junit_outcomes, run.exit_code)]
+                gate_integrity.reasons(run.integrity, run.outcomes, run.junit_outcomes, run.exit_code,
+                                       base.get("integrity_changes"), (str(tree),))]
     return out
 
 

@@ -65,7 +65,8 @@ def collect(events: list[dict], plugin_file: str) -> dict:
     changes, seen = [], set()
     for e in events:
         for c in e.get("changes") or () if str(e.get("event", "")).startswith("guard-") else ():
-            key = (c.get("route"), c.get("what"))
+            # the origin too: the candidate rebinding a name a plugin also rebinds is a change of its own
+            key = (c.get("route"), c.get("what"), c.get("origin"))
             if key not in seen:
                 seen.add(key)
                 changes.append({**c, "stage": e["event"][len("guard-"):], "id": e.get("id")})
@@ -74,11 +75,36 @@ def collect(events: list[dict], plugin_file: str) -> dict:
             "spoke": spoke, "tested": tested, "errors": errors, "changes": changes, "checks": checks}
 
 
+def change_key(change: dict, trees: tuple[str, ...] = ()) -> str:
+    """One change as the base and the candidate can both name it: route, what, and the replacing code's
+    file, relative to its tree where it lies inside one (the base runs in a worktree, the candidate in
+    the user's checkout)."""
+    origin = str(change.get("origin") or "")
+    for tree in trees:
+        for root in {tree.rstrip(os.sep), os.path.realpath(tree).rstrip(os.sep)}:
+            if root and origin.startswith(root + os.sep):
+                origin = origin[len(root) + 1:]
+                break
+    return f"{change.get('route')}|{change.get('what')}|{origin}"
+
+
+def keys(integrity: dict | None, trees: tuple[str, ...] = ()) -> list[str]:
+    """The keys of every change a run saw (stored with the base's baseline)."""
+    return sorted({change_key(c, trees) for c in (integrity or {}).get("changes", [])})
+
+
 def reasons(integrity: dict, outcomes: dict[str, str], junit: dict[str, str],
-            exit_code: int | None) -> list[tuple[str, str]]:
-    """(message, detail) for each way the in-memory integrity was broken or went unverified."""
+            exit_code: int | None, base_keys: list[str] | None = None,
+            trees: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(message, detail) for each way the in-memory integrity was broken or went unverified. A change
+    the base's own run of the same file made too (`base_keys`: installed pytest plugins rebinding
+    unittest.mock's asserts, a base module deleting a helper after use, a decorator the base applies)
+    is the environment's or the base's doing, never the candidate's."""
     out: list[tuple[str, str]] = []
+    inherited = set(base_keys or ())
     for c in integrity.get("changes", []):
+        if change_key(c, trees) in inherited:
+            continue
         where = f" by {c['origin']}" if c.get("origin") else ""
         if c.get("setter") and c.get("setter") != c.get("origin"):
             where += f" (set from {c['setter']})"

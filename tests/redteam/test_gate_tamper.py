@@ -425,3 +425,36 @@ def test_a_change_reported_by_the_plugin_names_route_what_and_file():
     (message, detail), = _reasons(evs)
     assert "(rebind)" in message and "minifla.utils.assert_close" in message and "minifla/ops/x.py" in message
     assert ID in detail
+
+
+def test_a_change_the_bases_own_process_makes_too_is_inherited_and_only_that_one():
+    """On the H200 an honest FLA base read red: pytest-mock rebinds unittest.mock's asserts, hypothesis'
+    plugin rebinds pytest's fixture marker, FLA deletes a helper after use. The base's own run of the
+    file makes the same changes, and the gate holds against the candidate only what the base did not."""
+    from flaloop import gate_integrity
+
+    site = "/venv/lib/python3.12/site-packages/pytest_mock/plugin.py"
+    env_change = {"route": "rebind", "what": "unittest.mock.NonCallableMock.assert_called", "origin": site}
+    base_module = {"route": "frozen-code", "what": "fla/utils/__init__.py: _register_aliases deleted", "origin": ""}
+    base_run = {"changes": [env_change, dict(base_module, origin="/wt/base/fla/utils/__init__.py")]}
+    base_keys = gate_integrity.keys(base_run, ("/wt/base",))
+    cand_own = {"route": "rebind", "what": "unittest.mock.NonCallableMock.assert_called", "origin": "minifla/ops/x.py"}
+    evs = _events()
+    evs[2] = dict(evs[2], changes=[env_change, dict(base_module, origin="/home/u/fla/fla/utils/__init__.py"), cand_own])
+    found = gate_integrity.reasons(gate_integrity.collect(evs, PLUGIN), {ID: "passed"},
+                                   {"tests.ops.test_x::test_a[1]": "passed"}, 0, base_keys, ("/home/u/fla",))
+    # the same judge rebound from the candidate's file is still the candidate's doing
+    assert [m for m, _ in found] == [
+        "the test process was tampered with (rebind): unittest.mock.NonCallableMock.assert_called by minifla/ops/x.py"]
+    # without the base's record every change is held against the candidate
+    assert len(_reasons(evs)) == 3
+
+
+def test_the_bases_collect_only_run_records_its_own_in_memory_changes(minifla):
+    _reset(minifla)
+    result = run(minifla)
+    assert result.green, [f.message for f in result.findings]
+    import json
+
+    cached = [json.loads(p.read_text()) for p in (minifla / "profile").rglob("baseline-*.json")]
+    assert cached and all(isinstance(c.get("integrity_changes"), list) for c in cached)
