@@ -32,7 +32,9 @@ class ModelSession(Session):
         self.model: dict = {"trajectories": {}, "opshare": {}, "setup": {}}
 
     def setup(self, res: CellResult, side: str, k: int | None, timer: str, placements: int = 1,
-              reference: bool = False) -> dict:
+              reference: bool = False, draw: str | None = None) -> dict:
+        # a model step runs on the spec's seeded weights and token stream every round, on both sides:
+        # the round's input draw (bench/timed.draw) is for op cells
         cell = res.cell.to_wire(self.cfg, k, timer, 1)
         cell["model"] = self.spec.to_wire()
         return self.ask(side, "setup", self.cfg.worker_timeout, cell=cell)

@@ -190,7 +190,10 @@ class ModelCell:
             dev = wall = (timing.now() - t0) * 1e3
         return dev / n, wall / n
 
-    def sample(self, placement: int = 0) -> tuple[float, float]:
+    def sample(self, placement: int = 0, keep: int | None = None) -> tuple[float, float]:
+        # a step's correctness is the trajectory's question: no timed call is kept for a model cell
+        if keep is not None:
+            raise ValueError('a model cell keeps no timed call: the trajectory judges the steps')
         return self._time(self.k)
 
     def eager_sample(self) -> tuple[float, float]:
