@@ -45,6 +45,11 @@ MEMOS = {
         "    return _r\n"))],
 }
 
+# The layer that stops each memo on the H200 (docs/lab/2026-12-03-h200.md, R21): keyed on shapes and
+# versions, a memo serves a fresh draw of the same shape (version 0 again) the stale result, and the
+# warm-up's differential check sees it before any timing; kept on the query tensor, only the floor can.
+STOPPED_BY = {"kept-on-the-query": "below-floor", "kept-on-the-function-by-shape": "differs-from-base"}
+
 
 def summary(r) -> str:
     """What a failed bench says in a few lines: the exit code, each cell's status, verdict and reason,
@@ -87,7 +92,7 @@ def test_a_memoized_op_whose_other_findings_are_allowed_is_blocked_by_its_roofli
                 "--unseen-shapes", "0", "--json", env=gpu)
     assert r.code == 1, summary(r)
     rules = {f["rule"] for f in r.json["guard"]["findings"] if f["blocking"]}
-    assert "below-floor" in rules, summary(r)
+    assert STOPPED_BY[name] in rules, summary(r)
 
 
 @pytest.mark.parametrize("name", sorted(MEMOS))
