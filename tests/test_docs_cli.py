@@ -1,5 +1,5 @@
 """The docs cannot drift from the CLI: every `flaloop ...` command in a fenced code block of
-SKILL.md and README.md is a real command, and every option it names is in that command's help.
+SKILL.md, README.md and docs/COMMANDS.md is a real command, and every option it names is in that command's help.
 
 A command split over lines with a trailing backslash counts as one line, as in a shell.
 """
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from flaloop.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("SKILL.md", "README.md")
+DOCS = ("SKILL.md", "README.md", "docs/COMMANDS.md")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 
 
@@ -107,3 +107,43 @@ def test_the_parser_check_catches_a_bad_value_and_a_stray_word():
         parse(["bench", "op", "--min-pairs", "many"])
     with pytest.raises(Exception, match="unexpected extra argument|Got unexpected"):
         parse(["status", "op", "stray"])
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub makes for a markdown file."""
+    out = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower())
+            out.add(slug.replace(" ", "-"))
+    return out
+
+
+def doc_links(names=("README.md", "docs/COMMANDS.md")) -> list[tuple[str, str]]:
+    out = []
+    for name in names:
+        for target in LINK.findall((ROOT / name).read_text()):
+            if not re.match(r"[a-z]+:", target):
+                out.append((name, target))
+    return out
+
+
+def test_the_readme_and_its_pages_link_to_files_and_headings_that_exist():
+    links = doc_links()
+    assert any(t.startswith("docs/COMMANDS.md#") for _, t in links)
+    for name, target in links:
+        path, _, anchor = target.partition("#")
+        dest = (ROOT / name).parent / path if path else ROOT / name
+        assert dest.exists(), f"{name}: link to {target}: no such file"
+        if anchor and dest.suffix == ".md":
+            assert anchor in _anchors(dest), f"{name}: link to {target}: no such heading"
+
+
+def test_the_link_check_catches_a_missing_heading(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("## `flaloop gate OP [-k EXPR]`\n")
+    assert "flaloop-gate-op--k-expr" in _anchors(page)
+    assert "flaloop-gate-op" not in _anchors(page)
