@@ -173,7 +173,7 @@ def normalize(name: str, entry: dict, registry_shapes: dict | None = None) -> di
     for key, typ in OP_KEYS.items():
         if key in entry and not isinstance(entry[key], typ):
             raise _bad(f"{where} {key}", f"must be a {typ.__name__}, not {type(entry[key]).__name__}",
-                       f"see the op schema in README.md (`{CONFIG_FILE}`)")
+                       f"see the op schema in docs/COMMANDS.md, under `flaloop init` (`{CONFIG_FILE}`)")
     raw_inputs = entry.get("inputs") or {}
     if not raw_inputs:
         raise _bad(f"{where} inputs", "declares no input",
@@ -191,7 +191,7 @@ def normalize(name: str, entry: dict, registry_shapes: dict | None = None) -> di
         for k, types in INPUT_KEYS.items():
             if k in raw and not isinstance(raw[k], types):
                 raise _bad(f"{key}.{k}", f"must be {' or '.join(t.__name__ for t in types)}, not {raw[k]!r}",
-                           f"see the op schema in README.md (`{CONFIG_FILE}`)")
+                           f"see the op schema in docs/COMMANDS.md, under `flaloop init` (`{CONFIG_FILE}`)")
         sources = [k for k in ("shape", "like", "from") if k in raw]
         if len(sources) != 1:
             raise _bad(key, "needs exactly one of shape, like, from" + (f" (has {', '.join(sources)})" if sources else ""),

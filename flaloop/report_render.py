@@ -231,7 +231,7 @@ def _benchmark(doc: dict) -> list[str]:
     out.append(f"Coverage: {kinds}: {len(cov['dense'])} dense cell(s), {len(cov['varlen'])} varlen cell(s) "
                f"({', '.join(cov['varlen']) or 'none'}); modes {', '.join(cov['modes'])}"
                + ("." if cov.get("l2", ["rotate"]) == ["rotate"] else
-                  f"; L2 as each timed call starts: {', '.join(cov['l2'])} (flaloop's README: \"Cold and hot L2\")."))
+                  f"; L2 as each timed call starts: {', '.join(cov['l2'])} (docs/COMMANDS.md: \"Cold and hot L2\")."))
     roof = doc["roofline"]
     if roof["family"]:
         c = roof["ceilings"]

@@ -11,7 +11,7 @@ entry names `test_file`. A repo without such a registry describes its ops in `fl
     import_path = "mypkg.ops.my_op"     # module that exports the op
     func_name = "my_op"                 # default: the op's name
     test_file = "tests/test_my_op.py"   # default: tests/ops/test_<last segment>.py
-    # and its bench inputs, shapes and keyword arguments: opdecl.py (README.md has the schema)
+    # and its bench inputs, shapes and keyword arguments: opdecl.py (docs/COMMANDS.md has the schema)
 
     [gate]
     strip_env = ["MY_LENIENT_MODE"]     # more variables that weaken the tests
@@ -365,7 +365,7 @@ class Target:
         where = (f"the registry {self._registry_name()} has no entry {spec.name!r}" if self.registry_file.exists()
                  else "the repo has no registry")
         hint = (f"declare its inputs under [ops.{spec.name}.inputs] in {CONFIG_FILE}, e.g.\n"
-                + opdecl.EXAMPLE.format(op=spec.name) + "\n(the op schema is in README.md)")
+                + opdecl.EXAMPLE.format(op=spec.name) + "\n(the op schema is in docs/COMMANDS.md, under `flaloop list` and `flaloop init OP`)")
         if doc is None:
             raise UsageError(f"{spec.name} declares no bench inputs, {where}, and no calls of its test are recorded "
                              f"at {path.relative_to(self.root)} (the base gate records them there)", hint)
