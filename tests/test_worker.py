@@ -514,13 +514,17 @@ def test_a_cold_cells_flushes_are_held_to_its_sample_budget_like_its_calls(worke
     base = workers('base')
     flush = timing.L2Flush(torch.device('cpu'), None)
     flush()
-    flush_ms = sorted(timing.cpu_time_ms(flush) for _ in range(3))[1]
+    readings = [timing.cpu_time_ms(flush) for _ in range(3)]
     sample_ms = 10.0
     hot = base.ok('setup', cell=cell('hot10', l2='hot', sample_ms=sample_ms))
     cold = base.ok('setup', cell=cell('cold10', l2='cold', sample_ms=sample_ms))
-    assert hot['k'] > cold['k'] >= 1, (hot['k'], cold['k'], flush_ms)
-    # the flush's time read in the worker and here may differ by a factor on a loaded CPU
-    assert cold['k'] <= max(1, math.ceil(2 * sample_ms / flush_ms)), (cold['k'], flush_ms)
+    readings += [timing.cpu_time_ms(flush) for _ in range(3)]
+    # the fastest reading, before or after the worker's own: a loaded CPU stretches a flush by a factor
+    # of 3 or more between two moments (14.3 ms here where the worker's read under 4 ms), never shortens it
+    flush_ms = min(readings)
+    assert hot['k'] > cold['k'] >= 1, (hot['k'], cold['k'], readings)
+    # a k set by the call alone would be the hot cell's (hundreds); the flush's keeps it near sample/flush
+    assert cold['k'] <= max(1, math.ceil(2 * sample_ms / flush_ms)), (cold['k'], readings)
     for c in ('hot10', 'cold10'):
         base.ok('release', cell=c)
 
@@ -555,8 +559,8 @@ def test_registry_transform_and_post_init_are_deterministic(workers, tmp_path):
     rb = base.ok('setup', cell=c)
     assert set(rb['nonfinite']) == {'out0', 'grad_q', 'grad_k', 'grad_v', 'grad_g'}
     cand.ok('setup', cell=c)
-    base.ok('dump', cell='gate', path=str(tmp_path / 'gate.pt'))
-    r = cand.ok('compare', cell='gate', ref=str(tmp_path / 'gate.pt'), tol=0.0)
+    cand.ok('dump', cell='gate', path=str(tmp_path / 'gate.pt'))
+    r = base.ok('compare', cell='gate', subject=str(tmp_path / 'gate.pt'), tol=0.0)  # only the base judges
     assert r['match'] is True, r
     assert torch.load(tmp_path / 'gate.pt')['out0'].dtype == torch.bfloat16
 
@@ -564,7 +568,8 @@ def test_registry_transform_and_post_init_are_deterministic(workers, tmp_path):
 def test_shared_results_fall_back_to_the_file_off_the_gpu_and_refuse_foreign_payloads(workers, tmp_path):
     """`dump` with share: CPU tensors cannot cross as CUDA IPC handles, so they go to the file and
     the reply says why; a `shared` payload naming anything but torch's rebuilder is refused before
-    it runs, and the candidate answers with `shared_error` (the session then sends the file)."""
+    it runs, and the base (the only side that judges) answers with `shared_error` (the session then
+    sends the file)."""
     import base64
     import pickle
 
@@ -572,21 +577,24 @@ def test_shared_results_fall_back_to_the_file_off_the_gpu_and_refuse_foreign_pay
     c = cell('sh', mode='fwd', dtype='float32', seed=5)
     base.ok('setup', cell=c)
     cand.ok('setup', cell=c)
-    d = base.ok('dump', cell='sh', share=True, path=str(tmp_path / 'sh.pt'))
+    d = cand.ok('dump', cell='sh', share=True, path=str(tmp_path / 'sh.pt'))
     assert 'shared' not in d and 'not a GPU' in d['share_error'] and (tmp_path / 'sh.pt').exists()
-    r = base.req('dump', cell='sh', share=True)
+    r = cand.req('dump', cell='sh', share=True)
     assert r['ok'] is False and 'not a GPU' in r['error']
-    assert cand.ok('compare', cell='sh', ref=str(tmp_path / 'sh.pt'), tol=0.0)['match'] is True
+    assert base.ok('compare', cell='sh', subject=str(tmp_path / 'sh.pt'), tol=0.0)['match'] is True
     marker = tmp_path / 'ran'
     evil = base64.b64encode(pickle.dumps({'out0': (os.system, (f'touch {marker}',))})).decode()
-    r = cand.ok('compare', cell='sh', shared=evil, tol=0.0)
+    r = base.ok('compare', cell='sh', subject_shared=evil, tol=0.0)
     assert 'system' in r['shared_error'] and 'match' not in r and not marker.exists()
     # the mutation probe's results travel the same way: rolled inputs give other values
-    base.ok('dump', cell='sh', mutated=True, path=str(tmp_path / 'mut.pt'))
-    assert cand.ok('compare', cell='sh', mutated=True, ref=str(tmp_path / 'mut.pt'), tol=0.0)['match'] is True
-    r = cand.ok('compare', cell='sh', ref=str(tmp_path / 'mut.pt'), tol=1e-3)
+    cand.ok('dump', cell='sh', mutated=True, path=str(tmp_path / 'mut.pt'))
+    assert base.ok('compare', cell='sh', mutated=True, subject=str(tmp_path / 'mut.pt'), tol=0.0)['match'] is True
+    r = base.ok('compare', cell='sh', subject=str(tmp_path / 'mut.pt'), tol=1e-3)
     assert r['match'] is False, r
-    assert base.ok('unshare')['unshared'] is False
+    assert cand.ok('unshare')['unshared'] is False
+    # a candidate never judges: nothing of the base's is ever handed to its process
+    r = cand.req('compare', cell='sh', subject=str(tmp_path / 'sh.pt'), tol=0.0)
+    assert r['ok'] is False and 'base only' in r['error']
 
 
 def test_the_shared_results_unpickler_takes_what_torch_writes_for_a_cuda_tensor():

@@ -190,6 +190,27 @@ def test_an_honest_change_on_a_loaded_host_is_never_blocked_by_the_round_trip():
     assert f is not None and f.rule == "contended-unsure" and not f.blocking and "--exclusive" in f.message
 
 
+def test_an_honestly_slower_candidate_whose_untimed_calls_take_longer_too_is_not_blocked():
+    """A candidate that sleeps in the op (48x slower per call, as tests/test_loop.py's) spends its
+    untimed calls of a sample (the first sync, the kept call's copy) slower too: its round trip grows
+    past the base's by about one call, which is honest, not a timer hiding time."""
+    pairs = []
+    for i in range(12):
+        base_call, cand_call, k = 0.12, 5.8, 4  # per-call ms, calls per sample
+        pairs.append(Pair("AB" if i % 2 == 0 else "BA", base_call, cand_call, None, None, round=i * 2 // 12,
+                          foreign=None, base_rtt_ms=k * base_call + 0.5 + base_call,
+                          cand_rtt_ms=k * cand_call + 0.5 + cand_call + 0.01 * (i % 3),
+                          base_reported_ms=k * base_call, cand_reported_ms=k * cand_call))
+    f = timing.timer_host_gap("c", pairs)
+    assert f is None or not f.blocking, f
+    # the same candidate with a timer that hides half its calls is still blocked: a forged reading earns
+    # no allowance, since the allowance is on the per-call time it reports
+    for p in pairs:
+        p.cand_ms, p.cand_reported_ms = p.cand_ms / 2, p.cand_reported_ms / 2
+    f = timing.timer_host_gap("c", pairs)
+    assert f is not None and f.rule == "timer-host-gap" and f.blocking, f
+
+
 def test_a_timer_that_hides_part_of_the_sample_blocks_on_the_round_trip_with_or_without_company():
     for foreign in (OTHER, [], None):
         f = timing.timer_host_gap("c", host_pairs(cheat=0.1, foreign=foreign, jitter=1.0))
