@@ -26,7 +26,8 @@ def test_a_local_sweep_ranks_the_honest_candidate_first_blocks_the_cheat_and_fai
     rec = json.loads((sweep_dir / honest["record"]).read_text())
     assert rec["candidate"]["commit"] == git(repo, "rev-parse", "honest").strip()
     assert rec["gate"]["green"] is True and rec["unverified"] is False
-    assert "| 1 | honest | ok | FASTER |" in (sweep_dir / "sweep.md").read_text()
+    # the table says what the record says (check_ranking allows UNSURE on a loaded CPU, never another rank)
+    assert f"| 1 | honest | ok | {honest['verdict']} |" in (sweep_dir / "sweep.md").read_text()
     # a sweep never commits or moves the branch (flaloop() checked the files, index and worktrees)
     assert git(repo, "rev-parse", "HEAD").strip() == head and git(repo, "branch", "--show-current").strip() == "main"
     # the human table says the same, and where to go next

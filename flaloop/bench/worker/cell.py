@@ -439,7 +439,9 @@ class BuiltCell:
         self.per_call_ms_estimate = per_call_ms
         k = math.ceil(self.sample_ms / max(per_call_ms, 1e-6))
         if self.l2 == 'cold':
-            k = min(k, math.ceil(self.sample_ms / max(self._flush_estimate_ms(), 1e-6)))
+            flush = self._flush_estimate_ms()
+            self.flush_ms = flush  # the setup reply says what bounded k (a CUDA graph's own reading replaces it)
+            k = min(k, math.ceil(self.sample_ms / max(flush, 1e-6)))
         self.k = int(min(max(k, 1), MAX_K))
 
     def _flush_estimate_ms(self) -> float:
