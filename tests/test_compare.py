@@ -13,11 +13,11 @@ from pathlib import Path
 
 import yaml
 from conftest import GIT_ENV, OP, ROOT, edit, flaloop, git
-from sweep_fixtures import CHUNK, QUICK, branch
+from sweep_fixtures import CHUNK, QUICK, SLOWER_CHUNK, branch
 
 CI = ROOT / "examples" / "ci"
-# more pairs than QUICK: chunks of 16 run ~0.6x, and six pairs on a shared 2-core CPU may leave that UNSURE
-PAIRS = ["--min-pairs", "12", "--max-pairs", "14"]
+# more pairs than QUICK: an interval from four pairs on a shared 2-core CPU is wide
+PAIRS = ["--min-pairs", "8", "--max-pairs", "10"]
 
 
 def bench(repo: Path, *args: str):
@@ -31,11 +31,11 @@ def compare(repo: Path, *args: str):
 
 
 def test_two_records_of_one_base_compare_with_intervals_and_a_slower_one_fails_ci(repo):
-    # A: chunks of 64 (half the sequential steps: faster); B: chunks of 16 (twice the steps: slower)
+    # A: chunks of 64 (half the sequential steps: faster); B: chunks of 64 and a sleep per call (slower)
     edit(repo / CHUNK, "CHUNK_SIZE = 32", "CHUNK_SIZE = 64")
     r, a = bench(repo, "--fail-on", "slower")
     assert r.code == 0, r.stderr[-2000:]
-    edit(repo / CHUNK, "CHUNK_SIZE = 64", "CHUNK_SIZE = 16")
+    edit(repo / CHUNK, *SLOWER_CHUNK)
     r, b = bench(repo, "--fail-on", "slower")
     assert r.code == 1 and "--fail-on slower: SLOWER on B1_T64_H2_D32/fwd" in r.stderr, r.stderr[-2000:]
     assert b["cells"][0]["verdict"] == "SLOWER"  # the record is still written and printed
@@ -84,7 +84,7 @@ def test_two_records_of_one_base_compare_with_intervals_and_a_slower_one_fails_c
 
 
 def test_fail_on_slower_fails_a_sweep_with_a_slower_candidate(repo):
-    branch(repo, "slow", CHUNK, "CHUNK_SIZE = 32", "CHUNK_SIZE = 16")
+    branch(repo, "slow", CHUNK, *SLOWER_CHUNK)
     r = flaloop(repo, "sweep", OP, "--candidates", "slow", "--fail-on", "slower", "--json", *QUICK, *PAIRS)
     assert r.code == 1 and "--fail-on slower: SLOWER on slow:" in r.stderr, r.stderr[-2000:]
     sweep_dir = Path(json.loads(r.stdout)["path"]).parent
