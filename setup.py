@@ -1,7 +1,7 @@
 """Only what pyproject.toml cannot say: files from outside the package that the wheel carries inside
 it, so that a plain `pip install` has them. examples/minifla goes to flaloop/_example/minifla (for
 `flaloop demo`) and SKILL.md to flaloop/SKILL.md (for `flaloop skill install`). An editable install
-and a checkout read both where they are (flaloop/demo.py and flaloop/cli/agent.py look in both places)."""
+and a checkout read both where they are (flaloop/loop/demo.py and flaloop/cli/agent.py look in both places)."""
 
 import shutil
 from pathlib import Path

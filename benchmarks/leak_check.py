@@ -57,7 +57,7 @@ def our_processes(tmpdir: str, forkservers: bool = False) -> list[int]:
 
 
 def snapshot(target, op: str, tmpdir: str) -> dict:
-    from flaloop import git, workspace
+    from flaloop.core import git, workspace
 
     return {"processes": len(our_processes(tmpdir)), "fds": len(os.listdir("/proc/self/fd")),
             "threads": threading.active_count(), "worktrees": len(git.list_worktrees(target.root)),
@@ -103,8 +103,8 @@ def main() -> int:
 
     from flaloop.bench import run
     from flaloop.bench.model import BenchConfig
-    from flaloop.contract import Contract
-    from flaloop.target import Target
+    from flaloop.task.contract import Contract
+    from flaloop.task.target import Target
 
     target = Target.discover(repo)
     contract = Contract.load(target, op)

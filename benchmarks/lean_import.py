@@ -18,7 +18,7 @@ CHILD = r"""
 import json, sys, time, types
 tree, path, func, lean = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "lean"
 sys.path.insert(0, tree)
-from flaloop.bench.worker import target
+from flaloop.inside.worker import target
 t0 = time.perf_counter()
 try:
     target.import_op(types.SimpleNamespace(import_path=path, func_name=func, name=func), lean=lean, tree=tree)

@@ -457,8 +457,8 @@ def toy(prepared_toy, tmp_path) -> Path:
 def worktrees(repo: Path) -> list[str]:
     """The repo's worktrees. A test that polls this while flaloop adds one can catch git between
     writing the worktree's directory and its `commondir` file: read again a moment later."""
-    from flaloop.errors import UsageError
-    from flaloop.git import list_worktrees
+    from flaloop.core.errors import UsageError
+    from flaloop.core.git import list_worktrees
 
     for _ in range(10):
         try:

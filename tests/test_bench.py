@@ -282,9 +282,9 @@ def test_a_cell_that_fails_on_one_side_shows_as_failed_and_the_rest_is_measured(
 
 
 def test_pairs_below_the_clock_floor_or_throttled_are_dropped():
+    from flaloop.bench.evidence import ClockReading
     from flaloop.bench.model import BenchConfig
     from flaloop.bench.sampling import drop_reason
-    from flaloop.evidence import ClockReading
 
     cfg = BenchConfig()
     full = ClockReading(1980, 1980, 3201, 0, 40, 300.0)

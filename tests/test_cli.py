@@ -24,9 +24,9 @@ def test_list_reads_the_registry_in_the_targets_python(tmp_path):
 
 
 def test_a_bench_of_the_commit_an_iteration_gated_names_that_gate(tmp_path):
-    from flaloop import git as git_mod
     from flaloop.bench.run import gated_by_loop
-    from flaloop.target import Target
+    from flaloop.core import git as git_mod
+    from flaloop.task.target import Target
 
     repo = make_repo(tmp_path / "r")
     target, head = Target.discover(str(repo)), git(repo, "rev-parse", "HEAD").strip()

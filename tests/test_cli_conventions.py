@@ -21,7 +21,7 @@ from typer.main import get_command
 from flaloop.bench.model import BenchConfig
 from flaloop.cli import app
 from flaloop.cli.app import normalize_argv
-from flaloop.cli.render import print_table
+from flaloop.report.terminal import print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,7 +174,7 @@ def test_the_wheel_carries_the_example_and_the_skill(tmp_path):
     assert "flaloop/_example/minifla/minifla/ops/linear_attn/chunk.py" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = subprocess.run([sys.executable, "-c", "import flaloop.demo as d; print(d.EXAMPLE)"], capture_output=True,
+    probe = subprocess.run([sys.executable, "-c", "import flaloop.loop.demo as d; print(d.EXAMPLE)"], capture_output=True,
                            text=True, env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()) == site / "flaloop" / "_example" / "minifla"

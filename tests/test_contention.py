@@ -16,10 +16,10 @@ import types
 import pytest
 from test_session import CELLS, FakeLauncher, Script
 
-from flaloop import evidence
+from flaloop.bench import evidence
 from flaloop.bench.model import BenchConfig
 from flaloop.bench.session import Session
-from flaloop.errors import MeasurementError
+from flaloop.core.errors import MeasurementError
 
 UUID = "GPU-00000000-fake"
 

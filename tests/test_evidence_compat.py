@@ -10,11 +10,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flaloop import evidence, profiling
+from flaloop.bench import evidence
+from flaloop.bench.evidence import ClockReading
 from flaloop.cli.app import with_options
 from flaloop.cli.fla_compat import FlaVerifyFlags, check_test_file, resolve
-from flaloop.errors import UsageError
-from flaloop.evidence import ClockReading
+from flaloop.core.errors import UsageError
+from flaloop.diagnose import profile as profiling
 
 
 class FakeGPU:

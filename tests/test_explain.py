@@ -1,4 +1,4 @@
-"""What explains a win (flaloop/explain.py) and a no-go's measured bound (flaloop/loop/bounds.py), as
+"""What explains a win (flaloop/diagnose/explain.py) and a no-go's measured bound (flaloop/loop/bounds.py), as
 pure functions over kernel tables and run records: honest wins pass, planted mismatches block."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from flaloop import explain
+from flaloop.diagnose import explain
 from flaloop.loop import bounds, rules
 from flaloop.loop.store import Iteration
 from flaloop.stats import summarize
@@ -202,7 +202,7 @@ def test_rounds_that_disagree_make_the_explanation_unsure_not_a_refusal():
                           [measured("c", 1.6, 1.2)])
     assert not doc["blocked"] and doc["unsure"] and "unsure, not refused" in doc["unsure"][0]
     assert "rounds: 100%, 5%" in doc["unsure"][0]
-    from flaloop.report_render import explanation_md
+    from flaloop.report.markdown import explanation_md
 
     md = explanation_md({**doc, "steps": 10, "rounds": 2, "order": ["base then cand", "cand then base"], "kernels_are": "x"})
     assert "**Unsure (not refused):**" in md and "in 2 rounds with the sides back to back" in md

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from conftest import alive, edit, flaloop, wait_for
 
-from flaloop import git
 from flaloop.bench import forkservers
+from flaloop.core import git
 
 FAST = Path("toyop/ops/toy/fast.py")
 # the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time

@@ -86,7 +86,7 @@ def test_l2_side_streams_library_kernels_and_settings_fire_on_the_candidate_only
 
 
 def test_every_kernel_moved_to_one_side_stream_is_side_work_and_the_marker_is_not_counted():
-    from flaloop.bench.worker.probes import MARKER_KERNEL, census_of
+    from flaloop.inside.worker.probes import MARKER_KERNEL, census_of
 
     def kernel(name, stream, ts):
         return {"cat": "kernel", "name": name, "args": {"stream": stream}, "ts": ts}

@@ -18,11 +18,11 @@ from conftest import OP, flaloop, fresh_copy, git, make_repo
 from rich.console import Console
 
 from flaloop.cli.guard import record_allowances
-from flaloop.contract import Contract
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 from flaloop.guard import catalogue
 from flaloop.guard.audit import audit
-from flaloop.target import Target
+from flaloop.task.contract import Contract
+from flaloop.task.target import Target
 
 CHUNK = "minifla/ops/linear_attn/chunk.py"
 INIT = "minifla/__init__.py"
@@ -430,7 +430,7 @@ def test_kernels_of_every_language_fla_ships_count_as_the_ops_own():
 def test_a_cute_dsl_kernel_is_the_ops_own_in_the_census_and_a_librarys_is_not():
     """The probes' kernel census: CuTe DSL names its kernels `kernel_cutlass_kernel_<module><name>`,
     whatever the name says ("Gemm"); only a CuTe DSL library's module path makes one a library's."""
-    from flaloop.bench.worker.probes import library_kernel
+    from flaloop.inside.worker.probes import library_kernel
 
     own = ["kernel_cutlass_kernel___main__DenseGemmKernel_object_at__TiledMMA_0",
            "kernel_cutlass_kernel_flaopsattnrescute_fwdAttnResFwd_object_at__tensorptrbf16_0",

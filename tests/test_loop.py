@@ -288,7 +288,7 @@ def test_iter_refuses_unsafe_repository_states_before_measuring(toy):
 
 
 def test_a_revert_also_undoes_pending_signal_commits_and_skips_bytecode(tmp_path):
-    from flaloop import git as git_mod
+    from flaloop.core import git as git_mod
 
     repo = make_toy_repo(tmp_path / "toy")
     base = git(repo, "rev-parse", "HEAD").strip()

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from flaloop.bench.record import RunRecord
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 from flaloop.loop import bounds, records, rules, traps
 from flaloop.loop.condition import Condition, bucket
 from flaloop.loop.store import Decision, DispatchRow, Iteration, Workspace

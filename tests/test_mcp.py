@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import OP, ROOT, edit, flaloop, git, make_repo, make_toy_repo
 
-from flaloop import procs
+from flaloop.core import procs
 
 pytest.importorskip("mcp")
 import anyio  # noqa: E402  (comes with mcp)

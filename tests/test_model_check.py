@@ -17,7 +17,7 @@ import types
 import pytest
 from conftest import MINIFLA, OP, edit, flaloop
 
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 from flaloop.modelcheck import band
 from flaloop.modelcheck.run import predicted_step_speedup
 from flaloop.modelcheck.spec import MODELS, ModelSpec, parse_sets, resolve
@@ -195,7 +195,7 @@ def test_a_model_that_does_not_import_is_refused_with_exit_2_and_save_names_it_i
 # -- in the loop: the go's record, the report's section ------------------------------------------------
 
 def _record(tmp_path, name: str, *, blocked: bool = False, cand: str = "c" * 40, aa: bool = False) -> dict:
-    from flaloop.fsutil import atomic_write_json
+    from flaloop.core.files import atomic_write_json
 
     j = band.judge(BASE, NOISY, {"losses": [4.0, 3.9, 3.8, 3.75, 3.7], "grad_norms": BASE["grad_norms"]}
                    if blocked else dict(BASE), 3.0)
@@ -232,8 +232,8 @@ def test_the_go_takes_the_newest_model_record_of_the_kept_commit_and_a_left_band
 
 def test_the_reports_in_the_model_section_and_its_plot(tmp_path):
     from flaloop.modelcheck import run as mc
-    from flaloop.report_plots import model_plot
-    from flaloop.report_render import _in_model
+    from flaloop.report.markdown import _in_model
+    from flaloop.report.plots import model_plot
 
     rec = _record(tmp_path, "20260102T000000Z-model", blocked=True)
     rec["path"] = str(tmp_path / "model" / "20260102T000000Z-model" / "record.json")

@@ -1,12 +1,12 @@
-"""The flaloop.toml op declaration (flaloop/opdecl.py) and the recorded calls (flaloop/opcalls.py):
+"""The flaloop.toml op declaration (flaloop/task/opdecl.py) and the recorded calls (flaloop/task/opcalls.py):
 pure, in-process, over hand-written fixtures; and the worker's build of a declaration's inputs."""
 
 from __future__ import annotations
 
 import pytest
 
-from flaloop import opcalls, opdecl
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
+from flaloop.task import opcalls, opdecl
 
 SHAPES = {"small": {"B": 2, "T": 16, "H": 2, "D": 8}}
 
@@ -167,8 +167,8 @@ def test_recorded_calls_that_give_no_cell_say_why():
 
 def test_the_worker_builds_a_declarations_inputs_as_declared():
     torch = pytest.importorskip("torch")
-    from flaloop.bench.worker.declared import DeclaredRegistry
-    from flaloop.bench.worker.inputs import CellSpec
+    from flaloop.inside.worker.declared import DeclaredRegistry
+    from flaloop.inside.worker.inputs import CellSpec
 
     d = decl({"x": {"shape": "B, T, H * D"}, "g": {"shape": "B, T, H", "transform": ["sigmoid", "scale:0.5", "add:0.5"]},
               "b": {"from": "x", "transform": "neg"}, "o": {"like": "g"},
@@ -203,7 +203,7 @@ def test_the_shape_guard_knows_the_sizes_of_declared_shapes():
 
 
 def test_positional_arguments_bind_to_the_positional_parameters_only():
-    from flaloop.target import argument_names
+    from flaloop.task.target import argument_names
 
     params = [{"name": "q", "kind": "POSITIONAL_OR_KEYWORD"}, {"name": "rest", "kind": "VAR_POSITIONAL"},
               {"name": "scale", "kind": "KEYWORD_ONLY"}, {"name": "kw", "kind": "VAR_KEYWORD"}]

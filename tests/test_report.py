@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 from conftest import commit_all, edit, flaloop, fresh_copy, git, make_toy_repo
 
-from flaloop import git as git_mod
-from flaloop import report as report_mod
-from flaloop.errors import UsageError
+from flaloop.core import git as git_mod
+from flaloop.core.errors import UsageError
 from flaloop.guard.findings import Finding
-from flaloop.report_plots import write_plots
-from flaloop.report_render import render, render_github
-from flaloop.target import Target
+from flaloop.report.build import build as report_mod
+from flaloop.report.markdown import render, render_github
+from flaloop.report.plots import write_plots
+from flaloop.task.target import Target
 
 OP = "toy_attn"
 FAST_BENCH = ("--min-pairs", "4", "--max-pairs", "6", "--rounds", "1", "--sample-ms", "1")
@@ -168,7 +168,7 @@ def test_the_options_a_record_names_ask_for_the_same_config():
     from flaloop.bench.model import BenchConfig, cli_args
     from flaloop.cli import app
     from flaloop.cli.measure import BenchOptions
-    from flaloop.contract import MODES
+    from flaloop.task.contract import MODES
 
     contract = SimpleNamespace(modes=list(MODES), varlen=False, input_overrides={"k": "l2norm"})
     cfgs = [BenchConfig(min_pairs=4, max_pairs=9, margin=0.01, half_width=0.005, probes=False, modes=["fwd"],
@@ -444,7 +444,7 @@ def test_a_profile_of_the_same_code_at_another_commit_explains_the_record(tmp_pa
     is a reading of the baseline's code (H200, 2026-11-30: the no-go report said it had none)."""
     from conftest import git
 
-    from flaloop.report import _profile_for
+    from flaloop.report.build import _profile_for
 
     repo = tmp_path / "r"
     repo.mkdir()
@@ -549,7 +549,7 @@ def test_the_plots_read_right_at_a_glance():
     dropped iteration still drawn, and no legend over the axes, its ticks or its label."""
     from matplotlib.colors import to_hex
 
-    from flaloop import report_plots
+    from flaloop.report import plots as report_plots
 
     doc = _plot_doc()
     fig = report_plots.times_figure(doc)

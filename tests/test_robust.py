@@ -214,7 +214,7 @@ def test_an_interrupt_is_held_in_a_deferred_block_and_later_ones_only_say_wait()
 
 
 def test_a_chatty_child_cannot_grow_its_log_past_the_cap(tmp_path):
-    from flaloop import procs
+    from flaloop.core import procs
 
     log = procs.CappedLog(tmp_path / "child.stderr", head=100_000, tail=10_000)
     chatty = "import sys\nfor i in range(40000): sys.stderr.write(f'line {i:06d} of chatter\\n')\n"
@@ -236,7 +236,7 @@ def test_a_log_closed_twice_or_written_after_closing_touches_no_other_file(tmp_p
     the read end is the pump's to close, and what a grandchild writes after the close is dropped."""
     import threading
 
-    from flaloop import procs
+    from flaloop.core import procs
 
     errors: list = []
     threading.excepthook = lambda args: errors.append(args.exc_value)

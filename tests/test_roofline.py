@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from flaloop import roofline, stats
+from flaloop import stats
+from flaloop.bench import roofline
+from flaloop.bench.roofline import FAMILIES, Ceilings, annotate, cell_cost, family_for
 from flaloop.guard import timing
-from flaloop.roofline import FAMILIES, Ceilings, annotate, cell_cost, family_for
 
 BF16 = 2
 

@@ -22,15 +22,17 @@ import pytest
 from conftest import OP, flaloop, git, make_repo
 from rich.console import Console
 
-from flaloop import git as git_mod
-from flaloop import procs, sanitizer_log, sanitizer_run
-from flaloop import sanitize as sanitize_mod
 from flaloop.bench import record as record_mod
 from flaloop.bench.model import BenchConfig, Cell, CellResult
 from flaloop.bench.record import RunRecord, TreeRef
 from flaloop.cli.measure import bench_exit, print_sanitize, sanitize_record
-from flaloop.contract import Contract
-from flaloop.target import Target
+from flaloop.core import git as git_mod
+from flaloop.core import procs
+from flaloop.diagnose.sanitizer import flow as sanitize_mod
+from flaloop.diagnose.sanitizer import log as sanitizer_log
+from flaloop.diagnose.sanitizer import run as sanitizer_run
+from flaloop.task.contract import Contract
+from flaloop.task.target import Target
 
 SHAPE = "B1_T64_H2_D32"
 FWD, FWDBWD = f"{SHAPE}/fwd", f"{SHAPE}/fwdbwd"

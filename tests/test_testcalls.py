@@ -1,6 +1,6 @@
-"""The pure parts of the test's own calls (flaloop/testcalls.py), the options draw
-(bench/options.py), the worker's rebuilding of a call (bench/worker/replay.py), the recorder's
-structure of an argument (scripts/flaloop_callrec.py) and the warm-up's judging of a replay
+"""The pure parts of the test's own calls (flaloop/task/testcalls.py), the options draw
+(bench/options.py), the worker's rebuilding of a call (inside/worker/replay.py), the recorder's
+structure of an argument (inside/scripts/flaloop_callrec.py) and the warm-up's judging of a replay
 (bench/replay.py) over a scripted session. The real gate, bench and verify on minifla are in
 tests/redteam/test_test_calls.py and tests/redteam/test_options.py."""
 
@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flaloop import testcalls
 from flaloop.bench import options, replay
 from flaloop.bench.model import BenchConfig
 from flaloop.bench.session import Measurement
-from flaloop.bench.worker import replay as worker_replay
+from flaloop.inside.worker import replay as worker_replay
+from flaloop.task import testcalls
 
 OP_FN = "minifla.ops.linear_attn.chunk:chunk_linear_attn"
 

@@ -13,7 +13,7 @@ from conftest import commit_all, flaloop
 from flaloop import stats as stats_mod
 from flaloop.bench import analysis as session_mod
 from flaloop.bench import model as model_mod
-from flaloop.bench.worker import tuning as worker_mod
+from flaloop.inside.worker import tuning as worker_mod
 
 TUNED_KERNEL = '''
 import torch

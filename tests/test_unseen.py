@@ -22,8 +22,8 @@ from flaloop.bench import record as record_mod
 from flaloop.bench import unseen
 from flaloop.bench.model import BenchConfig, Cell, cli_args
 from flaloop.bench.session import Session
-from flaloop.cli.render import print_bench, unseen_line
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
+from flaloop.report.terminal import print_bench, unseen_line
 
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 # the bench cells are the contract's one shape (B1_T64_H2_D32), fwd only: the unseen shapes run both modes anyway

@@ -1,4 +1,4 @@
-"""Tests of flaloop/bench/worker.py driven through its pipes, as the orchestrator does.
+"""Tests of flaloop/inside/worker.py driven through its pipes, as the orchestrator does.
 
 A tiny fake target (a registry in FLA's interface and a pure-torch op package) is written to tmp
 dirs; the worker runs in this interpreter (which has torch) on the CPU.
@@ -482,7 +482,7 @@ def test_sample_and_eager_times(workers):
 def test_each_l2_state_sets_the_cell_up_and_a_cold_sample_leaves_the_flush_out_of_its_time(workers):
     """hot: one input set whatever n_sets asks; cold on the CPU: each call timed alone after the
     cache flush, which is slower than the toy call by far, so a flush inside the time would show."""
-    from flaloop.bench.worker import timing
+    from flaloop.inside.worker import timing
 
     base = workers('base')
     hot = base.ok('setup', cell=cell('hot', l2='hot', n_sets=3, k=2))
@@ -509,7 +509,7 @@ def test_a_cold_cells_flushes_are_held_to_its_sample_budget_like_its_calls(worke
     second), so its k is the flush's, not the call's: a cell of 8 pairs once ran 400 s for it."""
     import math
 
-    from flaloop.bench.worker import timing
+    from flaloop.inside.worker import timing
 
     base = workers('base')
     flush = timing.L2Flush(torch.device('cpu'), None)
@@ -609,7 +609,7 @@ def test_the_shared_results_unpickler_takes_what_torch_writes_for_a_cuda_tensor(
 
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    from flaloop.bench.worker.compare import _SharedUnpickler
+    from flaloop.inside.worker.compare import _SharedUnpickler
 
     t = torch.zeros(2, 3, dtype=torch.bfloat16)
     args = (type(t), t.size(), t.stride(), 0, type(t._typed_storage()), t.dtype, 0, b'handle', 12, 0, False,
@@ -624,7 +624,7 @@ def test_the_collector_is_off_inside_a_timed_window_and_back_after_it():
     start event and the launch); the timers turn it off there, and leave a disabled one disabled."""
     import gc
 
-    from flaloop.bench.worker import timing
+    from flaloop.inside.worker import timing
 
     seen = []
     assert gc.isenabled()
@@ -839,7 +839,7 @@ def test_a_lean_import_serves_the_packages_literal_constants_and_runs_it_for_any
     import sys
     from types import SimpleNamespace
 
-    from flaloop.bench.worker import target
+    from flaloop.inside.worker import target
 
     pkg = tmp_path / "leanpkg"
     (pkg / "ops").mkdir(parents=True)

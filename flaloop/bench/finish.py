@@ -4,7 +4,7 @@ and reads no tree, so a record made from a Ray node's measurement is the same as
 
 from __future__ import annotations
 
-from flaloop import evidence, roofline
+from flaloop.bench import evidence, roofline
 from flaloop.bench.analysis import analyse
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.record import GuardSummary, RunRecord

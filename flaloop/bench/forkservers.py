@@ -1,6 +1,6 @@
 """Warm fork servers, seen from the orchestrator: found by key, started detached, stopped by `clean`.
 
-A fork server (flaloop/bench/worker/forkserver.py) imports torch and the target's third-party
+A fork server (flaloop/inside/worker/forkserver.py) imports torch and the target's third-party
 libraries once and forks fresh worker processes from then on. It outlives the run that started
 it, so the next bench of the loop forks its workers instead of paying the whole import in each
 (FLA on the H200: its real import took 1.9 s in a forked worker, 10-17 s in a spawned one). It is found by a Unix socket whose name is a key over everything its imports
@@ -33,9 +33,11 @@ import threading
 import time
 from pathlib import Path
 
-from flaloop import fsutil, procs
+from flaloop import inside
+from flaloop.core import files as fsutil
+from flaloop.core import procs
 
-WORKER = Path(__file__).parent / "worker" / "__main__.py"
+WORKER = inside.WORKER / "__main__.py"
 IDLE_ENV = "FLALOOP_FORKSERVER_IDLE_S"
 DIR_ENV = "FLALOOP_FORKSERVER_DIR"  # where the sockets live (default: a private dir in the temp dir)
 IDLE_DEFAULT_S = 300.0

@@ -24,14 +24,16 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from flaloop import fsutil, procs
+from flaloop import inside
 from flaloop.bench import forkservers
 from flaloop.bench.forkservers import ForkServer
 from flaloop.bench.workers import WorkerClient
-from flaloop.errors import StorageError
-from flaloop.procs import kill_group
+from flaloop.core import files as fsutil
+from flaloop.core import procs
+from flaloop.core.errors import StorageError
+from flaloop.core.procs import kill_group
 
-WORKER = Path(__file__).parent / "worker" / "__main__.py"
+WORKER = inside.WORKER / "__main__.py"
 
 
 class Launcher(Protocol):

@@ -15,11 +15,13 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from flaloop import fsutil, git, roofline
+from flaloop.bench import roofline
 from flaloop.bench.launcher import Launcher, make_launcher
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.session import Cancelled, Events, Measurement, Session
-from flaloop.errors import MeasurementError
+from flaloop.core import files as fsutil
+from flaloop.core import git
+from flaloop.core.errors import MeasurementError
 
 
 def session_env(plan: MeasurePlan, triton_cache: Path, base_env: dict | None = None) -> dict:
@@ -36,7 +38,7 @@ def session_env(plan: MeasurePlan, triton_cache: Path, base_env: dict | None = N
 
 def registry_path(plan: MeasurePlan, base_tree: Path, run_dir: Path) -> Path:
     """What the workers read the op's inputs from: the base's registry, or the op's declaration
-    written beside the run (a `.json` file: bench/worker/declared.py)."""
+    written beside the run (a `.json` file: inside/worker/declared.py)."""
     if plan.declared is None:
         return base_tree / plan.registry_rel
     path = Path(run_dir) / "op-declared.json"

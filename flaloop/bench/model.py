@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 from flaloop.guard.findings import Finding
 from flaloop.stats import SpeedupEstimate, Summary
 
@@ -140,7 +140,7 @@ class BenchConfig:
     unseen_options: int = opt(4, "Also call the op with this many combinations of its keyword options the registry "
                                  "never sets (bools, enums, optional tensors such as an initial state), each on an "
                                  "unseen shape, fwd and bwd through every output; 0: off.")
-    # The frozen test's own calls, recorded when the gate ran at the base (flaloop/testcalls.py),
+    # The frozen test's own calls, recorded when the gate ran at the base (flaloop/task/testcalls.py),
     # replayed base against candidate in separate workers: a judge loosened inside the test process
     # cannot carry a wrong kernel past the bench (bench/replay.py, test-call-differs).
     test_calls: int = opt(8, "Replay this many of the test's own calls recorded at the base (a seeded sample, "
@@ -432,7 +432,7 @@ class CellSummary:
 
 @dataclass
 class CellRoofline:
-    """A cell against the device's limits (roofline.py): its floor and each side's share of it."""
+    """A cell against the device's limits (bench/roofline.py): its floor and each side's share of it."""
 
     bytes: int
     flops: int

@@ -9,7 +9,7 @@ also draws options (pure, the orchestrator's: plain data in the plan):
   builds (its inputs) nor fixes (its extra_kwargs), and is no offsets tensor (varlen is the unseen
   draw's own): a bool (False, True); an enum (a `Literal[...]` annotation: its values); an optional
   tensor (default None, and a tensor by its annotation, its docstring or the tests' calls); any other
-  value with the values the tests passed (flaloop/testcalls.py) beside its default;
+  value with the values the tests passed (flaloop/task/testcalls.py) beside its default;
 - an optional tensor needs a shape: each of its dimensions is taken from the tests' own calls of the
   op where they pin it (a dimension of one of the registry's inputs, or the number of sequences
   `len(cu_seqlens) - 1`, the same in every such call), separately for packed (varlen) calls and
@@ -27,7 +27,7 @@ import itertools
 import random
 import re
 
-from flaloop import testcalls
+from flaloop.task import testcalls
 
 OFFSETS = ("cu_seqlens", "offsets", "seq_offsets", "cu_seqlens_cpu")
 POSITIONAL = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")

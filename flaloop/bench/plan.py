@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from flaloop import contract as contract_mod
-from flaloop import git, testcalls
 from flaloop.bench import options as options_mod
 from flaloop.bench import unseen as unseen_mod
 from flaloop.bench.model import BenchConfig, Cell, make_cells
 from flaloop.bench.record import TreeRef
-from flaloop.errors import UsageError
+from flaloop.core import git
+from flaloop.core.errors import UsageError
+from flaloop.task import contract as contract_mod
+from flaloop.task import testcalls
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flaloop.bench.launcher import Launcher
 from flaloop.bench.workers import WorkerClient, WorkerFailed
-from flaloop.errors import MeasurementError
+from flaloop.core.errors import MeasurementError
 
 SIDES = ("base", "cand")
 

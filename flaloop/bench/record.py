@@ -17,9 +17,9 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from flaloop import fsutil
 from flaloop.bench.model import BenchConfig, CellResult
-from flaloop.errors import UsageError
+from flaloop.core import files as fsutil
+from flaloop.core.errors import UsageError
 from flaloop.guard.findings import Finding
 from flaloop.stats import GeomeanEstimate
 

@@ -1,5 +1,5 @@
 """Calls beyond the registry's, base against candidate in the warm-up pair: the test's own calls
-recorded at the base (flaloop/testcalls.py) and the op's keyword options nobody calls
+recorded at the base (flaloop/task/testcalls.py) and the op's keyword options nobody calls
 (bench/options.py).
 
 The gate runs in the candidate's process, where the candidate can loosen the test's judge; the
@@ -21,11 +21,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from flaloop import testcalls
 from flaloop.bench import options as options_mod
 from flaloop.bench.warmup import _worst
 from flaloop.bench.workers import WorkerFailed
 from flaloop.guard import dynamic
+from flaloop.task import testcalls
 
 if TYPE_CHECKING:
     from flaloop.bench.session import Session

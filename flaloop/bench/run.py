@@ -12,7 +12,6 @@ import os
 import threading
 from pathlib import Path
 
-from flaloop import fsutil, git
 from flaloop.bench import record as record_mod
 from flaloop.bench.finish import finish
 from flaloop.bench.measure import measure
@@ -20,9 +19,11 @@ from flaloop.bench.model import BenchConfig
 from flaloop.bench.plan import MeasurePlan, base_ref, plan, working_tree
 from flaloop.bench.record import RunRecord, TreeRef
 from flaloop.bench.session import Cancelled, Events
-from flaloop.errors import MeasurementError, StorageError
-from flaloop.gate import last_gate_for
+from flaloop.core import files as fsutil
+from flaloop.core import git
+from flaloop.core.errors import MeasurementError, StorageError
 from flaloop.guard.audit import audit
+from flaloop.task.gate import last_gate_for
 
 
 def triton_cache(workspace: Path) -> Path:
@@ -52,7 +53,7 @@ def gated_by_loop(target, op: str, tree: dict) -> dict | None:
     """The gate a loop iteration ran on exactly this commit, clean: `iter` gates the working tree and
     then commits it, so the recorded gate's tree state (dirty, on the commit before) is not this one,
     though its code is."""
-    from flaloop.errors import FlaloopError
+    from flaloop.core.errors import FlaloopError
     from flaloop.loop.store import Workspace
 
     if tree.get("dirty") or not tree.get("head"):

@@ -31,9 +31,9 @@ import numpy as np
 from flaloop import stats
 from flaloop.bench import timed
 from flaloop.bench.analysis import settled
+from flaloop.bench.evidence import ClockReading, throttle_names
 from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, CellResult, Pair
 from flaloop.bench.workers import WorkerFailed
-from flaloop.evidence import ClockReading, throttle_names
 from flaloop.guard import dynamic
 from flaloop.guard.findings import apply_allowances
 

@@ -35,12 +35,7 @@ from pathlib import Path
 
 from flaloop.bench import replay, sampling, timed, warmup
 from flaloop.bench.analysis import round_estimates
-from flaloop.bench.launcher import Launcher
-from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, Cell, CellResult
-from flaloop.bench.pool import WorkerPool
-from flaloop.bench.workers import WorkerClient, WorkerFailed
-from flaloop.errors import MeasurementError
-from flaloop.evidence import (
+from flaloop.bench.evidence import (
     BLIND,
     UTIL_WINDOW_S,
     ClockReading,
@@ -51,6 +46,11 @@ from flaloop.evidence import (
     occupancy,
     sample_readings,
 )
+from flaloop.bench.launcher import Launcher
+from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, Cell, CellResult
+from flaloop.bench.pool import WorkerPool
+from flaloop.bench.workers import WorkerClient, WorkerFailed
+from flaloop.core.errors import MeasurementError
 from flaloop.guard import dynamic
 from flaloop.guard.findings import Finding, apply_allowances
 

@@ -52,7 +52,7 @@ HEAD_POW2 = (16, 32, 64)
 HEAD_OTHER = (24, 40, 48)
 SMALL = (1, 2, 3)  # B, H
 HEAD_DIMS = ("D", "K", "V", "DK", "DV")
-CORE = ("B", "T", "H", "D")  # what a worker's cell spec needs (bench/worker/inputs.CellSpec.check)
+CORE = ("B", "T", "H", "D")  # what a worker's cell spec needs (inside/worker/inputs.CellSpec.check)
 MAX_TRIES = 200
 ON_PATH = 2  # shapes drawn with the cells' head dims, for when the first draw missed the cells' backends
 

@@ -6,7 +6,7 @@ inputs are outside the op's domain: refused), the candidate's equal to the base'
 and no less precise than its dtype's arithmetic explains (`precision-narrowed`), and the guard's
 probes on both sides, the mutation probe among them (docs/GUARD.md). Results cross from the
 candidate to the base, which judges them (CUDA IPC handles on a GPU, a file otherwise;
-bench/worker/compare.py): nothing of the base's ever reaches the candidate's process. Then, once a run, base against candidate on a few small shapes nobody
+inside/worker/compare.py): nothing of the base's ever reaches the candidate's process. Then, once a run, base against candidate on a few small shapes nobody
 times (`check_unseen`; the draw: bench/unseen.py).
 
 Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
@@ -286,7 +286,7 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> t
     in memory (`hold`: no file of the base's that the candidate could wait for); the base then
     compares the candidate's dump with them (no call, and nothing of the judging in the
     candidate's process). A file, not CUDA IPC: the tensors are small. `served` gets, per side, the
-    backends that served that one call (bench/worker/backends.served_within)."""
+    backends that served that one call (inside/worker/backends.served_within)."""
     from flaloop.bench.session import STICKY_CUDA  # (session imports this module)
 
     cell = Cell(shp["name"], dict(shp["shape"]), mode, s.unseen["dtype"], tuple(shp["seqlens"]) if shp.get("seqlens")

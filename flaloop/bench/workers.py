@@ -1,10 +1,10 @@
 """A worker process seen from the orchestrator: a conversation in JSON lines over its pipes.
 
 The process itself comes from a launcher (bench/launcher.py: spawned, or forked by a warm fork
-server); a `WorkerClient` only talks to it (flaloop/bench/worker/protocol.py) and ends it. Every
+server); a `WorkerClient` only talks to it (flaloop/inside/worker/protocol.py) and ends it. Every
 worker is the leader of its own process group, dies with its parent (parent-death signal for
 spawned ones, a watchdog thread in the worker for all), and is killed group-wide on close
-(flaloop/procs.py). Its stderr is a bounded log (procs.CappedLog).
+(flaloop/core/procs.py). Its stderr is a bounded log (procs.CappedLog).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from flaloop.errors import MeasurementError
+from flaloop.core.errors import MeasurementError
 
 
 class WorkerFailed(MeasurementError):

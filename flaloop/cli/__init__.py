@@ -11,7 +11,6 @@ import sys
 import typer
 import typer.main
 
-from flaloop import procs
 from flaloop.cli import agent, compare, demo, guard, loop, maint, measure, model, report, setup, sweep  # noqa: F401  (register their commands)
 from flaloop.cli.app import (
     ClickException,
@@ -23,11 +22,12 @@ from flaloop.cli.app import (
     settings,
 )
 from flaloop.cli.help import polish
+from flaloop.core import procs
 
 
 def main(argv: list[str] | None = None) -> None:
     # Ctrl-C and SIGTERM unwind the same way, so worktrees and workers are always cleaned up; a
-    # second or third one while that cleanup runs only says "please wait" (see flaloop.procs).
+    # second or third one while that cleanup runs only says "please wait" (see flaloop.core.procs).
     procs.install_signal_handlers()
     args = list(sys.argv[1:] if argv is None else argv)
     head = args[: args.index("--")] if "--" in args else args

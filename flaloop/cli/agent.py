@@ -40,10 +40,11 @@ from typing import Annotated, Any
 
 import typer
 
-from flaloop import fsutil, procs
 from flaloop.cli.agent_tools import DETAIL, LOOP_COMMANDS, compact, meaning, tool_specs
 from flaloop.cli.app import JsonOpt, app, command, emit_json, human
-from flaloop.errors import UsageError
+from flaloop.core import files as fsutil
+from flaloop.core import procs
+from flaloop.core.errors import UsageError
 
 INTERRUPT_GRACE_S = 60.0  # flaloop's own Ctrl-C cleanup: workers, pytest, worktrees, the run record so far
 KILL_WAIT_S = 5.0

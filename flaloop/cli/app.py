@@ -36,8 +36,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from flaloop import fsutil, git, locks
-from flaloop.errors import FlaloopError
+from flaloop.core import files as fsutil
+from flaloop.core import git, locks
+from flaloop.core.errors import FlaloopError
 
 try:  # typer vendors click from 0.2x on; before, it used click itself
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
@@ -456,7 +457,7 @@ class LockOptions:
 
     @contextlib.contextmanager
     def hold(self, target, op: str, console: Console, command: str) -> Iterator[locks.Holder]:
-        """Hold the op's workspace for the block (see flaloop.locks), after removing the worktrees
+        """Hold the op's workspace for the block (see flaloop.core.locks), after removing the worktrees
         that killed flaloop runs left behind, and saying so."""
         rel = os.path.relpath(target.workspace(op), target.root) + "/"
         with locks.workspace_lock(target, op, wait=not self.no_wait, command=command,

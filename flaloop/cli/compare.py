@@ -1,4 +1,4 @@
-"""`flaloop compare A B`: two stored run records side by side (flaloop/compare.py), nothing re-measured.
+"""`flaloop compare A B`: two stored run records side by side (flaloop/report/compare.py), nothing re-measured.
 
 Exit codes: 0 compared; 1 with --fail-on slower, B is SLOWER than A on a cell or the geomean;
 2 a record was not found or cannot be read.
@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from flaloop import compare as compare_mod
-from flaloop import git
 from flaloop.cli.app import FailOnOpt, JsonOpt, RepoOpt, app, command, emit_json, fail_on_exit, human, out
-from flaloop.errors import FlaloopError
+from flaloop.core import git
+from flaloop.core.errors import FlaloopError
+from flaloop.report import compare as compare_mod
 
 
 @app.command("compare")

@@ -19,6 +19,6 @@ def demo_cmd(
     """Run the whole loop on the bundled example (examples/minifla) in a scratch git repo."""
     from pathlib import Path
 
-    from flaloop.demo import run_demo
+    from flaloop.loop.demo import run_demo
 
     run_demo(out, Path(keep).resolve() if keep else None)

@@ -23,7 +23,7 @@ from typing import Annotated
 
 import typer
 
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 
 MODES = ("fwd", "fwdbwd")
 

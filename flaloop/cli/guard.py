@@ -12,14 +12,14 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from flaloop import contract as contract_mod
-from flaloop import git
 from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, emit_json, human, out
-from flaloop.cli.render import print_findings
-from flaloop.errors import UsageError
+from flaloop.core import git
+from flaloop.core.errors import UsageError
 from flaloop.guard import catalogue
 from flaloop.guard.audit import AuditResult, audit
-from flaloop.target import Target
+from flaloop.report.terminal import print_findings
+from flaloop.task import contract as contract_mod
+from flaloop.task.target import Target
 
 
 def print_audit(op: str, r: AuditResult, console: Console) -> None:

@@ -16,8 +16,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from flaloop import explain, git, workspace
-from flaloop import sanitize as sanitize_mod
 from flaloop.bench.record import RunRecord
 from flaloop.cli.app import (
     JsonOpt,
@@ -33,7 +31,6 @@ from flaloop.cli.app import (
     progress_bar,
     with_options,
 )
-from flaloop.cli.loop_render import print_iteration, print_status
 from flaloop.cli.measure import (
     BenchOptions,
     GateOptions,
@@ -43,18 +40,22 @@ from flaloop.cli.measure import (
     sanitize_events,
     sanitize_record,
 )
-from flaloop.cli.render import print_bench, print_gate
 from flaloop.cli.report import explain_events
-from flaloop.contract import Contract
-from flaloop.errors import GateRed, MeasurementError, RuleRefused, UsageError
+from flaloop.core import git, workspace
+from flaloop.core.errors import GateRed, MeasurementError, RuleRefused, UsageError
+from flaloop.diagnose import explain
+from flaloop.diagnose.sanitizer import flow as sanitize_mod
 from flaloop.loop import bounds, iteration, records, rules
 from flaloop.loop import condition as cond_mod
 from flaloop.loop import header as header_mod
 from flaloop.loop import traps as traps_mod
 from flaloop.loop.store import Decision, DispatchRow, Workspace, now_iso
 from flaloop.modelcheck import run as modelcheck
+from flaloop.report.loop import print_iteration, print_status
+from flaloop.report.terminal import print_bench, print_gate
 from flaloop.sweep import promote
-from flaloop.target import Target
+from flaloop.task.contract import Contract
+from flaloop.task.target import Target
 
 EXIT = {"keep": 0, "noise": 0, "revert": 0, "signal": 0, "baseline": 0}
 

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from flaloop import git, workspace
 from flaloop.bench import forkservers
 from flaloop.cli.app import JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, emit_json, human, with_options
-from flaloop.target import Target
+from flaloop.core import git, workspace
+from flaloop.task.target import Target
 
 
 def _mb(n: int) -> str:

@@ -12,10 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from flaloop import contract as contract_mod
-from flaloop import evidence, git
-from flaloop import gate as gate_mod
-from flaloop import sanitize as sanitize_mod
+from flaloop.bench import evidence
 from flaloop.bench import record as record_mod
 from flaloop.bench import run as run_mod
 from flaloop.bench.model import QUICK, BenchConfig
@@ -41,10 +38,14 @@ from flaloop.cli.app import (
     with_options,
 )
 from flaloop.cli.fla_compat import FlaVerifyFlags
-from flaloop.cli.render import print_bench, print_findings, print_gate
-from flaloop.compare import slower_in
-from flaloop.errors import UsageError
-from flaloop.target import Target
+from flaloop.core import git
+from flaloop.core.errors import UsageError
+from flaloop.diagnose.sanitizer import flow as sanitize_mod
+from flaloop.report.compare import slower_in
+from flaloop.report.terminal import print_bench, print_findings, print_gate
+from flaloop.task import contract as contract_mod
+from flaloop.task import gate as gate_mod
+from flaloop.task.target import Target
 
 # -- option groups (declared once, shared by the commands that take them) -----------------------
 
@@ -364,7 +365,7 @@ def verify_cmd(
         sanitize_doc = sanitize_record(target, c, record, console) if sanitize else None
         profile_doc = None
         if call.profile and bench_exit(record) == 0:
-            from flaloop import profiling
+            from flaloop.diagnose import profile as profiling
 
             profile_doc = profiling.profile(target, c, mode=cfg.modes[0], command=command_line())
         if as_json:

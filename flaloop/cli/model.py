@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from flaloop import contract as contract_mod
 from flaloop.cli.app import (
     JsonOpt,
     LockOptions,
@@ -24,11 +23,12 @@ from flaloop.cli.app import (
     with_options,
 )
 from flaloop.cli.measure import bench_events
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 from flaloop.modelcheck import run as run_mod
 from flaloop.modelcheck import spec as spec_mod
 from flaloop.modelcheck.run import model_config
-from flaloop.target import Target
+from flaloop.task import contract as contract_mod
+from flaloop.task.target import Target
 
 
 @app.command("model")

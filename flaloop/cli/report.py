@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 
-from flaloop import contract as contract_mod
-from flaloop import fsutil
 from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, command_line, emit_json, err, human, out
-from flaloop.errors import FlaloopError
-from flaloop.target import Target
+from flaloop.core import files as fsutil
+from flaloop.core.errors import FlaloopError
+from flaloop.task import contract as contract_mod
+from flaloop.task.target import Target
 
 
 @app.command("profile")
@@ -28,8 +28,8 @@ def profile_cmd(
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """One step of one bench cell under torch.profiler, base and candidate side by side (and ncu with --ncu)."""
-    from flaloop import profiling
-    from flaloop.errors import UsageError
+    from flaloop.core.errors import UsageError
+    from flaloop.diagnose import profile as profiling
 
     if mode not in (None, "fwd", "fwdbwd"):
         raise UsageError(f"--mode {mode!r} is not fwd or fwdbwd")
@@ -89,8 +89,8 @@ def explain_cmd(
     repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Profile every measured cell of a kept iteration against the base: which kernels explain the win."""
-    from flaloop import explain
-    from flaloop.errors import UsageError
+    from flaloop.core.errors import UsageError
+    from flaloop.diagnose import explain
     from flaloop.loop import rules
     from flaloop.loop.store import Workspace
 
@@ -124,7 +124,7 @@ def explain_events(console):
 
 
 def print_explanation(doc: dict) -> None:
-    from flaloop import report_render
+    from flaloop.report import markdown as report_render
 
     out.print(report_render.explanation_md(doc, top=6))
     out.print(f"explanation: {doc.get('_path')}")
@@ -150,10 +150,10 @@ def report_cmd(
     blocking guard finding, blocked cells, or records of another commit than the claim's.
     With --sweep: the sweep's table and each op's cells (exit 0: a sweep's own exit code judges it).
     """
-    from flaloop import report as report_mod
-    from flaloop import roofline
-    from flaloop.errors import UsageError
-    from flaloop.report_render import render, render_github
+    from flaloop.bench import roofline
+    from flaloop.core.errors import UsageError
+    from flaloop.report.build import build as report_mod
+    from flaloop.report.markdown import render, render_github
 
     if fmt not in ("markdown", "github"):
         raise UsageError(f"--format {fmt!r} is not markdown or github")
@@ -182,7 +182,7 @@ def report_cmd(
         raise typer.Exit(0 if doc["claim_ok"] else 1)
     plots = {}
     if not no_plots:
-        from flaloop.report_plots import write_plots
+        from flaloop.report.plots import write_plots
 
         plots = write_plots(doc, dest)
     md = render(doc, plots)
@@ -222,7 +222,7 @@ def _sweep_findings(rec) -> dict[str, list[dict]]:
 
 
 def _report_sweep(where: Path, fmt: str, out_dir: str | None, as_json: bool) -> None:
-    from flaloop.report_render import render_github_sweep
+    from flaloop.report.markdown import render_github_sweep
     from flaloop.sweep import record as sweep_record
 
     rec = sweep_record.read(where.resolve())

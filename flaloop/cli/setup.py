@@ -9,15 +9,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from flaloop import contract as contract_mod
-from flaloop import git
 from flaloop.bench import model as model_mod
 from flaloop.cli.app import LIST, JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, human, out, with_options
-from flaloop.cli.render import print_table
-from flaloop.errors import UsageError
+from flaloop.core import git
+from flaloop.core.errors import UsageError
 from flaloop.loop import rules
 from flaloop.loop.store import Workspace, now_iso
-from flaloop.target import Target
+from flaloop.report.terminal import print_table
+from flaloop.task import contract as contract_mod
+from flaloop.task.target import Target
 
 
 @app.command("list")

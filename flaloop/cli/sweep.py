@@ -22,8 +22,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from flaloop import gate as gate_mod
-from flaloop import git, locks
 from flaloop.bench.plan import base_ref, tree_ref, working_tree
 from flaloop.bench.record import now_stamp
 from flaloop.bench.run import triton_cache
@@ -45,19 +43,21 @@ from flaloop.cli.app import (
     with_options,
 )
 from flaloop.cli.measure import BenchOptions, parse_gpus
-from flaloop.cli.render import print_table
-from flaloop.compare import slower_in_sweep
-from flaloop.contract import Contract, create
-from flaloop.errors import UsageError
-from flaloop.fsutil import unique_dir
+from flaloop.core import git, locks
+from flaloop.core.errors import UsageError
+from flaloop.core.files import unique_dir
 from flaloop.modelcheck import run as modelcheck
+from flaloop.report.compare import slower_in_sweep
+from flaloop.report.terminal import print_table
 from flaloop.sweep import candidates as cand_mod
 from flaloop.sweep import ops as ops_mod
 from flaloop.sweep import record as sweep_record
 from flaloop.sweep import run as sweep_run
 from flaloop.sweep.candidates import Candidate
 from flaloop.sweep.record import SweepRecord, SweepRow
-from flaloop.target import Target
+from flaloop.task import gate as gate_mod
+from flaloop.task.contract import Contract, create
+from flaloop.task.target import Target
 
 EXECUTORS = ("local", "ray")
 

@@ -15,7 +15,7 @@ import difflib
 import time
 from dataclasses import dataclass, field
 
-from flaloop import git
+from flaloop.core import git
 from flaloop.guard.findings import Finding, apply_allowances
 from flaloop.guard.static import Change, run_static
 

@@ -110,7 +110,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          "review these files by hand; prefer the contract's languages"),
 ]}
 
-# The dynamic probes (flaloop/bench/worker/probes.py and integrity.py, judged in guard/dynamic.py).
+# The dynamic probes (flaloop/inside/worker/probes.py and integrity.py, judged in guard/dynamic.py).
 PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
     Rule("differs-from-base", BLOCK, "the candidate's outputs or gradients differ from the base's on a bench cell",
          "the gate's shapes are not the bench's: garbage for a shape only the bench uses (seen on FLA), a "
@@ -261,7 +261,7 @@ PROBE_RULES: dict[str, Rule] = {r.id: r for r in [
 ]}
 RULES.update(PROBE_RULES)
 
-# compute-sanitizer on the base and the candidate (flaloop/sanitize.py): what only the candidate has.
+# compute-sanitizer on the base and the candidate (flaloop/diagnose/sanitizer/flow.py): what only the candidate has.
 SANITIZER_RULES: dict[str, Rule] = {r.id: r for r in [
     Rule("sanitizer-memcheck", BLOCK, "an out-of-bounds or misaligned access, or a CUDA error, only the candidate has "
                                       "(compute-sanitizer memcheck)",
@@ -291,7 +291,7 @@ SANITIZER_RULES: dict[str, Rule] = {r.id: r for r in [
 ]}
 RULES.update(SANITIZER_RULES)
 
-# At a go (flaloop/explain.py): the win set against the kernels that should explain it. No --allow:
+# At a go (flaloop/diagnose/explain.py): the win set against the kernels that should explain it. No --allow:
 # a go either has its explanation or it does not.
 UNEXPLAINED = Rule(
     "unexplained-speedup", BLOCK, "a win the kernels do not account for (profiled at the go)",

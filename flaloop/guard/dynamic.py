@@ -1,4 +1,4 @@
-"""Judging the dynamic probes: the workers report facts about each side (flaloop/bench/worker/
+"""Judging the dynamic probes: the workers report facts about each side (flaloop/inside/worker/
 probes.py, integrity.py, the wall time beside each sample); these pure functions compare the
 candidate with the base and return findings. A rule fires on what the candidate does and the
 base does not, so behaviour the base already has (its own streams, its own nondeterminism) is
@@ -63,13 +63,13 @@ def backend_differences(base: dict, cand: dict) -> list[tuple[str, set[str]]]:
 
 def backend_keys(snapshot: dict | None, which: str = "served") -> list[str]:
     """"op.func -> backend" for every call a backend served (or, with which="rejected", whose verifier
-    declined it) in a snapshot (bench/worker/backends.py)."""
+    declined it) in a snapshot (inside/worker/backends.py)."""
     return sorted(f"{op}.{s}" for op, snap in (snapshot or {}).items() for s in snap.get(which) or [])
 
 
 def backend_findings(cell: str, base: dict, cand: dict, cand_env: dict | None = None) -> list[Finding]:
     """What FLA's backend registries say served the calls differently on the two sides (snapshots
-    after the same cell's setup, bench/worker/backends.py): blocking, unless the backends involved
+    after the same cell's setup, inside/worker/backends.py): blocking, unless the backends involved
     are switched by a variable that --cand-env sets (then a warning that names it)."""
     out = []
     for line, switches in backend_differences(base, cand):
@@ -271,7 +271,7 @@ def self_check_finding(cell: str, round_no: int, changed: list[str], checks: dic
 
 
 def worst_tensor(cmp_: dict) -> dict:
-    """The tensor of a comparison (bench/worker/compare.compare_results) that differs most: one that
+    """The tensor of a comparison (inside/worker/compare.compare_results) that differs most: one that
     does not match first, then by relative RMS; {} when nothing was compared."""
     tensors = cmp_.get("tensors") or {}
     if not tensors:
@@ -326,7 +326,7 @@ _NARROWED = "rounding through fp16 gives about 2e-4, TF32 2e-4 to 4e-4, bf16 1.7
 
 def precision_finding(where: str, dtype: str, cmp_: dict, aa: bool = False,
                       bounds: dict[str, float] | None = None) -> Finding | None:
-    """`precision-narrowed` when a comparison that matched within --diff-tol (bench/worker/compare.
+    """`precision-narrowed` when a comparison that matched within --diff-tol (inside/worker/compare.
     compare_results: the candidate's results against the base's) still differs by more than the
     cell dtype's arithmetic can explain; None otherwise, or for a dtype with no bound. In an A/A
     both sides are the base: reported, not blocking."""

@@ -29,7 +29,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
     import tomli as tomllib
 
-from flaloop import git
+from flaloop.core import git
 from flaloop.guard.catalogue import finding
 from flaloop.guard.findings import Finding
 from flaloop.guard.rules import FileContext, Hit, run_checks

@@ -14,7 +14,7 @@ import operator
 import re
 from dataclasses import dataclass
 
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+)|(?P<name>[A-Za-z_]\w*)|(?P<op><=|>=|==|!=|<|>)|(?P<paren>[()]))")
 _CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,

@@ -9,7 +9,7 @@ signalled, not yet judged).
 
 from __future__ import annotations
 
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 from flaloop.loop import rules
 from flaloop.loop.records import env_line, fmt_cmp, fmt_x
 from flaloop.loop.store import Decision, Iteration

@@ -22,14 +22,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from flaloop import git
 from flaloop.bench.model import Cell, l2_states
-from flaloop.contract import Contract
-from flaloop.errors import GateRed, MeasurementError, RuleRefused, UsageError
+from flaloop.core import git
+from flaloop.core.errors import GateRed, MeasurementError, RuleRefused, UsageError
 from flaloop.guard.findings import BLOCK, Finding
 from flaloop.loop import records, rules, traps
 from flaloop.loop.store import Iteration, Workspace, now_iso
-from flaloop.target import Target
+from flaloop.task.contract import Contract
+from flaloop.task.target import Target
 
 REVERTED = ("revert", "drop", "noise")
 

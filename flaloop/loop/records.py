@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from flaloop.errors import RuleRefused
+from flaloop.core.errors import RuleRefused
 from flaloop.loop import rules
 from flaloop.loop.store import DispatchRow, Iteration, Workspace, atomic_write, now_iso
 

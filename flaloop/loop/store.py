@@ -24,8 +24,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from flaloop import fsutil, locks
-from flaloop.errors import UsageError
+from flaloop.core import files as fsutil
+from flaloop.core import locks
+from flaloop.core.errors import UsageError
 
 SCHEMA = 1
 STATUSES = ("baseline", "keep", "revert", "drop", "noise", "signal")
@@ -212,6 +213,6 @@ class Workspace:
     def lock(self) -> Iterator[None]:
         """One flaloop command per op at a time (two `iter`s would race for the number and the commit,
         an `iter` and a `bench` for the workspace): the workspace lock of every command
-        (flaloop/locks.py), not waiting (Busy, exit 2, names the holder)."""
+        (flaloop/core/locks.py), not waiting (Busy, exit 2, names the holder)."""
         with locks.lock_dir(self.path, wait=False, command="loop", busy_hint="wait for it to finish, then rerun"):
             yield

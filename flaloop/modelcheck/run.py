@@ -19,7 +19,6 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
-from flaloop import fsutil, git
 from flaloop.bench import record as record_mod
 from flaloop.bench.analysis import analyse
 from flaloop.bench.launcher import make_launcher
@@ -29,7 +28,9 @@ from flaloop.bench.plan import base_ref, tree_ref, working_tree
 from flaloop.bench.record import TreeRef
 from flaloop.bench.run import triton_cache
 from flaloop.bench.session import Events
-from flaloop.errors import MeasurementError, UsageError
+from flaloop.core import files as fsutil
+from flaloop.core import git
+from flaloop.core.errors import MeasurementError, UsageError
 from flaloop.guard.findings import apply_allowances
 from flaloop.modelcheck import band
 from flaloop.modelcheck.session import ModelRefusal, ModelSession
@@ -257,7 +258,7 @@ def rank_sweep(target, contract, rec, *, on_event: Events | None = None, say=Non
     """`sweep --rank-by model`: each measured candidate's model check against the sweep's base, one
     after another on this machine, then the rows ranked by the step's speedup. A trajectory that left
     the band blocks the row; a check that could not run leaves the row unranked, with the reason."""
-    from flaloop.errors import FlaloopError
+    from flaloop.core.errors import FlaloopError
 
     spec = resolve(contract.op, contract.import_path, contract.model)
     cfg = model_config(device="auto", rounds=None, min_pairs=None, max_pairs=None, margin=None, cell_seconds=None,

@@ -3,7 +3,7 @@
 Everything but the warm-up is the bench's: the pairs started ahead by the pool, a fresh pair for
 every round, start order swapped each round, the settle pair, the stopping rule, clock drops,
 restarts (bench/session.py, bench/sampling.py). A sample is k training steps (forward, backward,
-AdamW) of the model built from each side's own tree (bench/worker/model.py).
+AdamW) of the model built from each side's own tree (inside/worker/model.py).
 
 The warm-up pair, which measures nothing and is closed before round 1, does what only a model
 needs: builds the model on both sides (compiles, autotunes) and checks that both start from the

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 
 # FLA's DeltaNet LM at the size of the H200 trial in issue 40 (hidden 1024, 4 layers, B8 T2048):
 # big enough that the op's share of the step is the share it has in training, small enough to

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flaloop import git
 from flaloop.bench.record import TreeRef
-from flaloop.errors import UsageError
+from flaloop.core import git
+from flaloop.core.errors import UsageError
 
 MAX_CANDIDATES = 16  # each costs a full gate and a paired bench; --max-candidates raises it
 PATCH_SUFFIXES = (".diff", ".patch")

@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Protocol
 
-from flaloop import evidence
+from flaloop.bench import evidence
 from flaloop.bench.session import Cancelled
 from flaloop.sweep.job import Job, JobContext, JobResult, run_job
 

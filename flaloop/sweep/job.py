@@ -20,14 +20,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flaloop import evidence, fsutil, git
-from flaloop import gate as gate_mod
+from flaloop.bench import evidence
 from flaloop.bench.measure import measure
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.session import Cancelled
-from flaloop.contract import Contract
-from flaloop.errors import FlaloopError
-from flaloop.target import Target
+from flaloop.core import files as fsutil
+from flaloop.core import git
+from flaloop.core.errors import FlaloopError
+from flaloop.task import gate as gate_mod
+from flaloop.task.contract import Contract
+from flaloop.task.target import Target
 
 # pytest exit codes that say the tests could not even be collected or run: the candidate is broken
 # (does not import, fails collection), not wrong; see gate.judge

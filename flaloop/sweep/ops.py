@@ -15,7 +15,7 @@ import ast
 from collections.abc import Callable
 from pathlib import Path
 
-from flaloop.errors import UsageError
+from flaloop.core.errors import UsageError
 
 Reader = Callable[[str], str | None]  # repo-relative path -> its text, None when absent
 

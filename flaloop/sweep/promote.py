@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flaloop import git
-from flaloop.errors import UsageError
+from flaloop.core import git
+from flaloop.core.errors import UsageError
 from flaloop.sweep import record as sweep_record
 
 

@@ -15,9 +15,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flaloop import fsutil
 from flaloop.bench.record import TreeRef
-from flaloop.errors import UsageError
+from flaloop.core import files as fsutil
+from flaloop.core.errors import UsageError
 
 SCHEMA = 1
 STATUSES = ("ok", "blocked", "failed")

@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flaloop import fsutil, git
 from flaloop.bench import record as record_mod
 from flaloop.bench.finish import finish
 from flaloop.bench.model import BenchConfig
 from flaloop.bench.plan import MeasurePlan, plan
 from flaloop.bench.record import RunRecord, TreeRef
 from flaloop.bench.session import Measurement
-from flaloop.contract import Contract
+from flaloop.core import files as fsutil
+from flaloop.core import git
 from flaloop.guard.audit import audit
 from flaloop.loop import rules
 from flaloop.sweep import record as sweep_record
@@ -33,6 +33,7 @@ from flaloop.sweep.candidates import Candidate
 from flaloop.sweep.executors import Executor
 from flaloop.sweep.job import Job, JobResult
 from flaloop.sweep.record import SweepRecord, SweepRow
+from flaloop.task.contract import Contract
 
 
 @dataclass

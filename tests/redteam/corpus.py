@@ -134,9 +134,9 @@ def static_repo() -> Path:
 
 def audit_findings(edits: list[tuple]) -> list:
     """The static audit's findings on minifla with `edits` in the working tree."""
-    from flaloop.contract import Contract
     from flaloop.guard.audit import audit
-    from flaloop.target import Target
+    from flaloop.task.contract import Contract
+    from flaloop.task.target import Target
 
     repo = static_repo()
     with _lock:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import OP, edit, git
 
-from flaloop.contract import Contract
-from flaloop.gate import run_gate
-from flaloop.target import Target
+from flaloop.task.contract import Contract
+from flaloop.task.gate import run_gate
+from flaloop.task.target import Target
 
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 NEW = Path("minifla/ops/linear_attn/_launch_cache.py")
@@ -373,8 +373,8 @@ def test_a_module_in_the_tree_named_like_the_plugin_cannot_stand_in(minifla, nam
 
 # -- the orchestrator's side on its own: what it demands of the plugin's reports ----------------
 
-PLUGIN = "/opt/flaloop/scripts/flaloop_gate_plugin.py"
-INTEGRITY = "/opt/flaloop/scripts/flaloop_gate_integrity.py"
+PLUGIN = "/opt/flaloop/inside/scripts/flaloop_gate_plugin.py"
+INTEGRITY = "/opt/flaloop/inside/scripts/flaloop_gate_integrity.py"
 ID = "tests/ops/test_x.py::test_a[1]"
 
 
@@ -391,7 +391,7 @@ def _events(**drop) -> list[dict]:
 
 
 def _reasons(events, outcomes=None, junit=None, exit_code=0):
-    from flaloop import gate_integrity
+    from flaloop.task import gate_integrity
 
     return gate_integrity.reasons(gate_integrity.collect(events, PLUGIN), outcomes or {ID: "passed"},
                                   {"tests.ops.test_x::test_a[1]": "passed"} if junit is None else junit, exit_code)
@@ -431,7 +431,7 @@ def test_a_change_the_bases_own_process_makes_too_is_inherited_and_only_that_one
     """On the H200 an honest FLA base read red: pytest-mock rebinds unittest.mock's asserts, hypothesis'
     plugin rebinds pytest's fixture marker, FLA deletes a helper after use. The base's own run of the
     file makes the same changes, and the gate holds against the candidate only what the base did not."""
-    from flaloop import gate_integrity
+    from flaloop.task import gate_integrity
 
     site = "/venv/lib/python3.12/site-packages/pytest_mock/plugin.py"
     env_change = {"route": "rebind", "what": "unittest.mock.NonCallableMock.assert_called", "origin": site}

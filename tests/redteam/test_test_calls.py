@@ -1,5 +1,5 @@
 """A gate forged in the candidate's process cannot carry a wrong kernel past `verify`: the calls
-the frozen test made at the base (recorded by the gate there, flaloop/testcalls.py) are replayed
+the frozen test made at the base (recorded by the gate there, flaloop/task/testcalls.py) are replayed
 with fresh values, base against candidate in separate workers, and a difference is
 `test-call-differs` (bench/replay.py).
 
@@ -18,7 +18,7 @@ from conftest import OP, edit, flaloop, with_test_calls
 from rich.console import Console
 
 from flaloop.bench import record as record_mod
-from flaloop.cli.render import print_bench
+from flaloop.report.terminal import print_bench
 
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 QUICK = ["--device", "cpu", "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20",

@@ -1,0 +1,1 @@
+"""Plain utilities every part uses: errors, processes, locks, files, git, the workspace."""

@@ -1,0 +1,1 @@
+"""`flaloop sanitize`: the flow, one tool run, and reading its log."""
