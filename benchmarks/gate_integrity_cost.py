@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN_DIR = ROOT / "flaloop" / "scripts"
+PLUGIN_DIR = ROOT / "flaloop" / "inside" / "scripts"
 
 
 def _repo(args) -> tuple[Path, str, list[str]]:

@@ -22,7 +22,7 @@ from flaloop.modelcheck import band
 from flaloop.modelcheck.run import predicted_step_speedup
 from flaloop.modelcheck.spec import MODELS, ModelSpec, parse_sets, resolve
 
-WORKER = MINIFLA.parents[1] / "flaloop" / "bench" / "worker"
+WORKER = MINIFLA.parents[1] / "flaloop" / "inside" / "worker"
 TINY = ModelSpec.from_dict(MODELS["minifla"][OP])
 
 

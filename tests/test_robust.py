@@ -31,7 +31,7 @@ from conftest import (
 FAST = Path("toyop/ops/toy/fast.py")
 # the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
 QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30", "--unseen-shapes", "0"]
-WORKER = Path(__file__).resolve().parents[1] / "flaloop" / "bench" / "worker" / "__main__.py"
+WORKER = Path(__file__).resolve().parents[1] / "flaloop" / "inside" / "worker" / "__main__.py"
 
 
 def sleepy(repo: Path) -> None:

@@ -90,7 +90,7 @@ def test_the_document_is_stored_beside_the_gate_and_read_only_for_its_test_file(
 
 
 def test_the_recorder_keeps_structure_never_values():
-    spec = importlib.util.spec_from_file_location("callrec_under_test", Path(testcalls.__file__).parent / "scripts" /
+    spec = importlib.util.spec_from_file_location("callrec_under_test", Path(testcalls.__file__).parents[1] / "inside" / "scripts" /
                                                   "flaloop_callrec.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip('torch')
 
-WORKER = Path(__file__).resolve().parents[1] / 'flaloop' / 'bench' / 'worker' / '__main__.py'
+WORKER = Path(__file__).resolve().parents[1] / 'flaloop' / 'inside' / 'worker' / '__main__.py'
 TIMEOUT_S = 60
 
 REGISTRY = '''
