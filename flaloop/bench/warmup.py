@@ -6,7 +6,7 @@ inputs are outside the op's domain: refused), the candidate's equal to the base'
 and no less precise than its dtype's arithmetic explains (`precision-narrowed`), and the guard's
 probes on both sides, the mutation probe among them (docs/GUARD.md). Results cross from the
 candidate to the base, which judges them (CUDA IPC handles on a GPU, a file otherwise;
-inside/worker/compare.py): nothing of the base's ever reaches the candidate's process. Then, once a run, base against candidate on a few small shapes nobody
+inside/worker/outputs.py): nothing of the base's ever reaches the candidate's process. Then, once a run, base against candidate on a few small shapes nobody
 times (`check_unseen`; the draw: bench/unseen.py).
 
 Functions of the session's port (bench/port.SessionPort), which holds the workers and the state

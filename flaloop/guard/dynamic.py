@@ -353,7 +353,7 @@ _NARROWED = "rounding through fp16 gives about 2e-4, TF32 2e-4 to 4e-4, bf16 1.7
 
 def precision_finding(where: str, dtype: str, cmp_: dict, aa: bool = False,
                       bounds: dict[str, float] | None = None) -> Finding | None:
-    """`precision-narrowed` when a comparison that matched within --diff-tol (inside/worker/compare.
+    """`precision-narrowed` when a comparison that matched within --diff-tol (inside/worker/outputs.
     compare_results: the candidate's results against the base's) still differs by more than the
     cell dtype's arithmetic can explain; None otherwise, or for a dtype with no bound. In an A/A
     both sides are the base: reported, not blocking."""
