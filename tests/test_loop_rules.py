@@ -198,7 +198,7 @@ def test_state_names_the_phase_and_the_next_command():
     assert st["stop_conditions"] == []  # three rows, but one direction ("d") three times
     st = phase([it(0, "baseline"), it(1, "keep")])
     assert st["phase"] == "target met" and st["next"] == "flaloop stop op --go" and st["target"]["met"]
-    st = phase([it(0, "baseline"), it(1, "keep")], target=2.0)
+    st = phase([it(0, "baseline"), it(1, "keep")], target_speedup=2.0)
     assert st["phase"] == "iterate" and st["target"]["remaining"] == pytest.approx(2.0 / 1.55 - 1)
     many = [it(0, "baseline")] + [it(i, "noise", f"idea {i}") for i in range(1, 6)]
     st = phase(many, [reassess(1, 5)])

@@ -1,6 +1,6 @@
-"""The package's import graph, read with ast (nothing is imported): no circle, no module loose
-directly under flaloop/, and nothing under flaloop/inside/ that imports flaloop (that code runs in
-the target's interpreter, by path, where flaloop may not be installed at all).
+"""The package's shape, read with ast (nothing is imported): no import circle, no module loose
+directly under flaloop/ or over 700 lines, and nothing under flaloop/inside/ that imports flaloop
+(that code runs in the target's interpreter, by path, where flaloop may not be installed at all).
 
 Every import counts: at module level, inside a function, under `if TYPE_CHECKING:`. A circle that
 only a function-level import closes is still two modules that cannot be understood apart. An
@@ -159,6 +159,12 @@ def test_nothing_run_inside_the_targets_interpreter_imports_flaloop():
                      "flaloop:\n" + "\n".join(bad))
 
 
+def test_no_module_of_flaloop_is_over_700_lines():
+    long = sorted(f"{p.relative_to(PACKAGE.parent)}: {n} lines" for p in PACKAGE.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > 700)
+    assert not long, "modules over 700 lines (split each by concept):\n" + "\n".join(long)
+
+
 def test_the_session_port_declares_every_member_its_phases_use():
     """bench/port.SessionPort is the session as warmup, sampling, replay and timed see it: each
     `s.<name>` they read is declared there, and `Session` has each member the port declares."""
@@ -220,3 +226,4 @@ def test_a_package_that_imports_its_own_modules_is_no_circle_unless_one_imports_
     (root / "rules" / "one.py").write_text("from pkg.rules import Hit\n")
     (msg,) = circle_messages(root)
     assert "pkg.rules (line 1) -> pkg.rules.one (line 1) -> pkg.rules" in msg
+
