@@ -18,15 +18,15 @@ CHILD = r"""
 import json, sys, time, types
 tree, path, func, lean = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "lean"
 sys.path.insert(0, tree)
-from flaloop.inside.worker import target
+from flaloop.inside.worker import op_import
 t0 = time.perf_counter()
 try:
-    target.import_op(types.SimpleNamespace(import_path=path, func_name=func, name=func), lean=lean, tree=tree)
+    op_import.import_op(types.SimpleNamespace(import_path=path, func_name=func, name=func), lean=lean, tree=tree)
     error = None
 except Exception as exc:
     error = f"{type(exc).__name__}: {exc}"
 top = path.split(".")[0]
-print(json.dumps({"seconds": round(time.perf_counter() - t0, 2), "error": error, "lazy_ran": target.LAZY_RAN,
+print(json.dumps({"seconds": round(time.perf_counter() - t0, 2), "error": error, "lazy_ran": op_import.LAZY_RAN,
                   "modules": sum(1 for m in sys.modules if m == top or m.startswith(top + "."))}))
 """
 

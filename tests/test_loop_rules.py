@@ -150,7 +150,7 @@ def test_go_needs_a_keep_meeting_the_target_on_the_full_shape_set():
     shapes, modes = ["S1", "S2"], ["fwd"]
 
     def go(log, dispatch=(), target=1.5):
-        return [k for k, _ in rules.go_missing(log, list(dispatch), target=target, shapes=shapes, modes=modes)]
+        return [k for k, _ in rules.go_missing(log, list(dispatch), target_speedup=target, shapes=shapes, modes=modes)]
 
     log = [it(0, "baseline"), it(1, "keep")]
     assert go(log) == []
@@ -175,20 +175,20 @@ def test_a_go_on_an_l2_contract_needs_each_l2_state_it_names_measured():
     assert log[1].vs_base["l2"] == ["rotate"]
 
     def go(l2):
-        return [k for k, _ in rules.go_missing(log, [], target=1.5, shapes=["S1", "S2"], modes=["fwd"], l2=l2)]
+        return [k for k, _ in rules.go_missing(log, [], target_speedup=1.5, shapes=["S1", "S2"], modes=["fwd"], l2=l2)]
 
     assert go("rotate") == []
     assert go("cold") == go("both") == ["L2 states"]
     log[1].vs_base = {**log[1].vs_base, "l2": ["cold", "hot"]}
     assert go("both") == go("hot") == go("cold") == []
     log[1].vs_base = {**log[1].vs_base, "l2": ["cold"]}
-    [(item, why)] = rules.go_missing(log, [], target=1.5, shapes=["S1", "S2"], modes=["fwd"], l2="both")
+    [(item, why)] = rules.go_missing(log, [], target_speedup=1.5, shapes=["S1", "S2"], modes=["fwd"], l2="both")
     assert item == "L2 states" and "--l2 both" in why and "no hot cell" in why
 
 
 def test_state_names_the_phase_and_the_next_command():
     def phase(log, decisions=(), **kw):
-        args = {"op": "op", "target": 1.5, "max_iters": 5, "shapes": ["S1", "S2"], "modes": ["fwd"], **kw}
+        args = {"op": "op", "target_speedup": 1.5, "max_iters": 5, "shapes": ["S1", "S2"], "modes": ["fwd"], **kw}
         return rules.state(log, list(decisions), [], **args)
 
     assert phase([])["phase"] == "contract"
@@ -198,7 +198,7 @@ def test_state_names_the_phase_and_the_next_command():
     assert st["stop_conditions"] == []  # three rows, but one direction ("d") three times
     st = phase([it(0, "baseline"), it(1, "keep")])
     assert st["phase"] == "target met" and st["next"] == "flaloop stop op --go" and st["target"]["met"]
-    st = phase([it(0, "baseline"), it(1, "keep")], target=2.0)
+    st = phase([it(0, "baseline"), it(1, "keep")], target_speedup=2.0)
     assert st["phase"] == "iterate" and st["target"]["remaining"] == pytest.approx(2.0 / 1.55 - 1)
     many = [it(0, "baseline")] + [it(i, "noise", f"idea {i}") for i in range(1, 6)]
     st = phase(many, [reassess(1, 5)])

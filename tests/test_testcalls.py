@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from flaloop.bench import options, replay
+from flaloop.bench.measurement import Measurement
 from flaloop.bench.model import BenchConfig
-from flaloop.bench.session import Measurement
 from flaloop.inside.worker import replay as worker_replay
 from flaloop.task import testcalls
 
@@ -215,7 +215,7 @@ class FakeSession:
     def on_event(self, *a, **k):
         pass
 
-    def _add_run_findings(self, found):
+    def add_run_findings(self, found):
         self.found += found
 
     def ask_both(self, cmd, timeout, payloads):

@@ -609,7 +609,7 @@ def test_the_shared_results_unpickler_takes_what_torch_writes_for_a_cuda_tensor(
 
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    from flaloop.inside.worker.compare import _SharedUnpickler
+    from flaloop.inside.worker.outputs import _SharedUnpickler
 
     t = torch.zeros(2, 3, dtype=torch.bfloat16)
     args = (type(t), t.size(), t.stride(), 0, type(t._typed_storage()), t.dtype, 0, b'handle', 12, 0, False,
@@ -839,7 +839,7 @@ def test_a_lean_import_serves_the_packages_literal_constants_and_runs_it_for_any
     import sys
     from types import SimpleNamespace
 
-    from flaloop.inside.worker import target
+    from flaloop.inside.worker import op_import
 
     pkg = tmp_path / "leanpkg"
     (pkg / "ops").mkdir(parents=True)
@@ -853,15 +853,15 @@ def test_a_lean_import_serves_the_packages_literal_constants_and_runs_it_for_any
                                        "def op():\n    return __version__ + norm()\n")
     sys.path.insert(0, str(tmp_path))
     try:
-        target.LAZY_RAN.clear()
-        mod, fn = target.import_op(SimpleNamespace(import_path="leanpkg.ops.op", func_name="op", name="op"),
+        op_import.LAZY_RAN.clear()
+        mod, fn = op_import.import_op(SimpleNamespace(import_path="leanpkg.ops.op", func_name="op", name="op"),
                                    lean=True, tree=str(tmp_path))
-        assert fn() == "0.5.2n" and target.LAZY_RAN == []  # no package __init__ ran
-        assert not hasattr(sys.modules["leanpkg"], "__wrapped__") and target.LAZY_RAN == []
-        assert sys.modules["leanpkg"].RAN > 0 and target.LAZY_RAN == ["leanpkg"]  # a real name runs it
+        assert fn() == "0.5.2n" and op_import.LAZY_RAN == []  # no package __init__ ran
+        assert not hasattr(sys.modules["leanpkg"], "__wrapped__") and op_import.LAZY_RAN == []
+        assert sys.modules["leanpkg"].RAN > 0 and op_import.LAZY_RAN == ["leanpkg"]  # a real name runs it
     finally:
         sys.path.remove(str(tmp_path))
         for name in [n for n in sys.modules if n == "leanpkg" or n.startswith("leanpkg.")]:
             del sys.modules[name]
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, target.LeanFinder)]
-        target.LAZY_RAN.clear()
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, op_import.LeanFinder)]
+        op_import.LAZY_RAN.clear()

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from flaloop.bench import evidence, roofline
 from flaloop.bench.analysis import analyse
+from flaloop.bench.measurement import Measurement
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.record import GuardSummary, RunRecord
-from flaloop.bench.session import Measurement
 from flaloop.guard import timing
 from flaloop.guard.findings import Finding, apply_allowances
 

@@ -192,7 +192,7 @@ class ForkLauncher(SpawnLauncher):
     def _read_preload(self) -> list[str]:
         try:
             names = json.loads(self.preload_file.read_text())
-            return [n for n in names if isinstance(n, str)]  # in import order (worker/target.py)
+            return [n for n in names if isinstance(n, str)]  # in import order (worker/op_import.py)
         except (OSError, ValueError):
             return ["torch", "triton"]
 

@@ -2,7 +2,7 @@
 `CellResult` and its parts). Plain dataclasses; each reads back from its JSON with `from_dict`.
 
 `BenchConfig` is the one place a bench option is declared: its default, its help text and how the
-command line spells it (`opt`). The CLI's options are generated from these fields (cli/options.py)
+command line spells it (`opt`). The CLI's options are generated from these fields (cli/app.config_options)
 and the worker receives the same names, so an option has one name and one default everywhere.
 """
 

@@ -13,7 +13,8 @@ A call the base refuses (raises, or gives non-finite values) is skipped and name
 fails or computes differently is a finding: `test-call-differs`, `unseen-option-differs` (never
 allowable: it is wrong). In an A/A both sides are the base: a difference is `unstable`, never a
 finding. What ran, with its seconds and its share of the run, goes into the record (`test_calls`,
-`unseen.options`). Functions of a Session, after `warmup.check_unseen`.
+`unseen.options`). Functions of the session's port (bench/port.SessionPort), after
+`warmup.check_unseen`.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ import time
 from typing import TYPE_CHECKING
 
 from flaloop.bench import options as options_mod
-from flaloop.bench.warmup import _worst
+from flaloop.bench.port import sticky_cuda
 from flaloop.bench.workers import WorkerFailed
 from flaloop.guard import dynamic
 from flaloop.task import testcalls
 
 if TYPE_CHECKING:
-    from flaloop.bench.session import Session
+    from flaloop.bench.port import SessionPort
 
 
-def _ready(s: Session) -> str | None:
+def _ready(s: SessionPort) -> str | None:
     """Why the warm-up pair cannot replay anything now, or None."""
     if s.blocked_run():
         return "the run was already blocked"
@@ -42,7 +43,7 @@ def _ready(s: Session) -> str | None:
     return None
 
 
-def check_test_calls(s: Session) -> None:
+def check_test_calls(s: SessionPort) -> None:
     """The plan's sample of the test's recorded calls, each replayed base against candidate."""
     plan = s.test_calls or {}
     t0 = time.monotonic()
@@ -74,10 +75,10 @@ def check_test_calls(s: Session) -> None:
     finally:
         out["seconds"] = round(time.monotonic() - t0, 3)
         s.broken = None
-        s._add_run_findings(found)
+        s.add_run_findings(found)
 
 
-def check_options(s: Session) -> None:
+def check_options(s: SessionPort) -> None:
     """The plan's option combinations, each on its unseen shape, base against candidate; into the
     record's `unseen.options`."""
     plan = (s.unseen or {}).get("options")
@@ -121,7 +122,7 @@ def check_options(s: Session) -> None:
         out["seconds"] = round(time.monotonic() - t0, 3)
         s.out.unseen["seconds"] = round((s.out.unseen.get("seconds") or 0.0) + out["seconds"], 3)
         s.broken = None
-        s._add_run_findings(found)
+        s.add_run_findings(found)
 
 
 def seed_of(seed, kind: str, i: int) -> int:
@@ -140,7 +141,7 @@ def _count(out: dict, verdict: dict) -> None:
     out["unstable"] += status == "unstable"
 
 
-def _one(s: Session, payload: dict, seed: int, tag: str, aa: bool) -> tuple[dict, str | None]:
+def _one(s: SessionPort, payload: dict, seed: int, tag: str, aa: bool) -> tuple[dict, str | None]:
     t0 = time.monotonic()
     verdict, stop = _pair(s, payload, seed, tag)
     verdict["seconds"] = round(time.monotonic() - t0, 3)
@@ -149,15 +150,13 @@ def _one(s: Session, payload: dict, seed: int, tag: str, aa: bool) -> tuple[dict
     return verdict, stop
 
 
-def _pair(s: Session, payload: dict, seed: int, tag: str) -> tuple[dict, str | None]:
+def _pair(s: SessionPort, payload: dict, seed: int, tag: str) -> tuple[dict, str | None]:
     """({status: match | differs | skipped, why, worst}, why the checks must stop or None): both
     sides replay the call at once, each into its own file; the base compares the two files."""
-    from flaloop.bench.session import STICKY_CUDA
-
     dumps = {side: s.run_dir / f"{tag}-{side}.pt" for side in ("base", "cand")}
 
     def stop_if(error: str, who: str) -> str | None:
-        return f"the {who}'s CUDA context broke" if any(x in error for x in STICKY_CUDA) else None
+        return f"the {who}'s CUDA context broke" if sticky_cuda(error) else None
 
     try:
         try:
@@ -184,23 +183,7 @@ def _pair(s: Session, payload: dict, seed: int, tag: str) -> tuple[dict, str | N
             return {"status": "skipped", "why": f"the base's worker died comparing: {exc.message}"}, "the base's worker died"
         if not cmp_.get("ok"):
             return {"status": "skipped", "why": f"the base could not compare: {str(cmp_.get('error'))[:300]}"}, None
-        tensors = cmp_.get("tensors") or {}
-        nonfinite = {n: t["nonfinite_ref"] for n, t in tensors.items() if t.get("nonfinite_ref")}
-        if nonfinite:
-            return {"status": "skipped", "why": "the base gives non-finite values: " + ", ".join(
-                f"{n}: {k}" for n, k in nonfinite.items())}, None
-        name, t = _worst(cmp_)
-        worst = {"tensor": name, **{k: t.get(k) for k in ("rel_rms", "max_abs", "nonfinite_self", "shape", "shape_ref",
-                                                         "missing")}}
-        if cmp_.get("match"):
-            return {"status": "match", "worst": worst}, None
-        rel = t.get("rel_rms")
-        how = (f"{name} missing on the {'candidate' if t['missing'] == 'self' else 'base'}" if t.get("missing") else
-               f"{name} shape {t.get('shape')} vs the base's {t.get('shape_ref')}" if t.get("shape") != t.get("shape_ref")
-               else f"{name} rel-RMS not finite (tol {cmp_.get('tol')})" if rel is None else
-               f"{name} rel-RMS {rel:.3g} (tol {cmp_.get('tol')})")
-        nf = f", {t['nonfinite_self']} non-finite (the base none)" if t.get("nonfinite_self") else ""
-        return {"status": "differs", "why": f"candidate differs from base: {how}{nf}", "worst": worst}, None
+        return dynamic.output_verdict(cmp_), None
     finally:
         for p in dumps.values():
             p.unlink(missing_ok=True)

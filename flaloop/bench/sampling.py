@@ -14,8 +14,8 @@ sample (in 31 of 40 such rounds of three verifies, by up to 2.7%), and it was al
 since round 2 set it up last and began with AB: a lean toward FASTER. A run of the graph just
 before that sample did not help (docs/lab/2026-12-01-h200.md, R8 and R9).
 
-Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
-test drives them over scripted fake workers (tests/test_session.py).
+Functions of the session's port (bench/port.SessionPort), which holds the workers and the state
+they use; a test drives them over scripted fake workers (tests/test_session.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flaloop import stats
 from flaloop.bench import timed
 from flaloop.bench.analysis import settled
 from flaloop.bench.evidence import ClockReading, throttle_names
@@ -36,12 +35,13 @@ from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, CellResult, Pair
 from flaloop.bench.workers import WorkerFailed
 from flaloop.guard import dynamic
 from flaloop.guard.findings import apply_allowances
+from flaloop.stats.stopping import RuleFactory, StoppingRule
 
 if TYPE_CHECKING:
-    from flaloop.bench.session import Session
+    from flaloop.bench.port import SessionPort
 
 
-def measure_cell(s: Session, res: CellResult) -> None:
+def measure_cell(s: SessionPort, res: CellResult) -> None:
     """Sample one cell for this round. A crash or hang fails the cell; a fresh pair goes on."""
     t0 = time.monotonic()
     try:
@@ -58,7 +58,7 @@ def measure_cell(s: Session, res: CellResult) -> None:
         res.seconds += time.monotonic() - t0
 
 
-def setup_pair(s: Session, res: CellResult, placements: int) -> bool:
+def setup_pair(s: SessionPort, res: CellResult, placements: int) -> bool:
     """Both sides set the cell up for this round's process pair, one after the other in the
     round's start order (the H200 once showed a setup-order offset: see BenchConfig.rounds);
     False when one failed. When the warm-up compiled (Session._fresh_pair) the first side
@@ -80,8 +80,10 @@ def setup_pair(s: Session, res: CellResult, placements: int) -> bool:
     return True
 
 
-def round_budget(cfg: BenchConfig, rnd: int, first_round_kept: int) -> tuple[int, int, stats.CIHalfWidthStop]:
-    """(min pairs, max pairs, stopping rule) of a cell in round `rnd` (0-based).
+def round_budget(cfg: BenchConfig, rnd: int, first_round_kept: int,
+                 make_rule: RuleFactory) -> tuple[int, int, StoppingRule]:
+    """(min pairs, max pairs, stopping rule made by `make_rule`) of a cell in round `rnd` (0-based);
+    the session's `stopping` is the factory (bench/session.Session picks the default).
 
     Each round takes its share of the pairs and time; the first round's target half-width is wider
     by sqrt(rounds), so that the pooled CI lands near the configured one. Later rounds take as
@@ -93,16 +95,16 @@ def round_budget(cfg: BenchConfig, rnd: int, first_round_kept: int) -> tuple[int
     max_r = max(min_r, math.ceil(cfg.max_pairs / n_rounds))
     if rnd and first_round_kept >= 2:
         min_r = max_r = first_round_kept
-    rule = stats.CIHalfWidthStop(target=cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r,
-                                 max_pairs=max_r, max_seconds=cfg.cell_seconds / n_rounds)
+    rule = make_rule(target=cfg.half_width * math.sqrt(n_rounds), min_pairs=min_r, max_pairs=max_r,
+                     max_seconds=cfg.cell_seconds / n_rounds)
     return min_r, max_r, rule
 
 
-def sample_cell(s: Session, res: CellResult, t0: float) -> None:
+def sample_cell(s: SessionPort, res: CellResult, t0: float) -> None:
     cfg = s.cfg
     n_rounds = max(1, cfg.rounds)
     first = sum(p.round == 0 and p.dropped is None for p in res.pairs)
-    min_r, max_r, rule = round_budget(cfg, s.round, first)
+    min_r, max_r, rule = round_budget(cfg, s.round, first, s.stopping)
     # one block of two pairs per placement, so a round too short to reach a placement does not build it
     placements = max(1, min(cfg.placements, max_r // 2))
     if not setup_pair(s, res, placements):
@@ -169,7 +171,7 @@ def sample_cell(s: Session, res: CellResult, t0: float) -> None:
     return None
 
 
-def self_check(s: Session, res: CellResult) -> None:
+def self_check(s: SessionPort, res: CellResult) -> None:
     """Each side of this round's pair, after its samples, against what it computed at setup (the
     graph's outputs after one more replay, one more eager call, inputs changed in place). The
     warm-up's checks ran in another process and after a few calls; a candidate whose results
@@ -199,7 +201,7 @@ def self_check(s: Session, res: CellResult) -> None:
     return None
 
 
-def pair(s: Session, res: CellResult, lead: str, placement: int, keep: int | None = None) -> Pair | None:
+def pair(s: SessionPort, res: CellResult, lead: str, placement: int, keep: int | None = None) -> Pair | None:
     """One pair on a placement, `lead` sampling first; with `keep`, both sides keep the results of
     that call of their sample (bench/timed.py). None when a side failed (the cell is failed)."""
     before = s.clock()
@@ -228,7 +230,7 @@ def pair(s: Session, res: CellResult, lead: str, placement: int, keep: int | Non
                 cand_reported_ms=told["cand"])
 
 
-def host_timed(s: Session, side: str, reply: dict) -> tuple[float | None, float | None]:
+def host_timed(s: SessionPort, side: str, reply: dict) -> tuple[float | None, float | None]:
     """(round trip ms, reported ms) of one side's one-sample reply: the request's round trip on the
     orchestrator's clock (`WorkerClient.round_trip_s`), and what the worker says its work in it took
     (per-call ms times k). A timer forged inside the worker, however low,

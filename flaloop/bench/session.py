@@ -25,12 +25,10 @@ A worker that crashes or hangs fails the cell it was on; a fresh pair takes over
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from flaloop.bench import replay, sampling, timed, warmup
@@ -47,19 +45,18 @@ from flaloop.bench.evidence import (
     sample_readings,
 )
 from flaloop.bench.launcher import Launcher
+from flaloop.bench.measurement import Measurement
 from flaloop.bench.model import MIN_PAIRS_JUDGED, BenchConfig, Cell, CellResult
 from flaloop.bench.pool import WorkerPool
+from flaloop.bench.port import sticky_cuda
 from flaloop.bench.workers import WorkerClient, WorkerFailed
 from flaloop.core.errors import MeasurementError
 from flaloop.guard import dynamic
 from flaloop.guard.findings import Finding, apply_allowances
+from flaloop.stats.stopping import CIHalfWidthStop, RuleFactory
 
 Events = Callable[..., None]
 MAX_RESTARTS = 4  # fresh pairs after crashes or hangs, per run
-# CUDA errors after which the process's context is unusable: the worker answers, but every later
-# call would fail too, so the pair is replaced before the next cell.
-STICKY_CUDA = ("illegal memory access", "unspecified launch failure", "device-side assert", "misaligned address",
-               "illegal instruction", "an illegal address", "CUDA error: unknown error", "uncorrectable ECC")
 
 
 class Cancelled(Exception):
@@ -76,63 +73,17 @@ def cache_entries(cache: Path | None) -> int:
         return 0
 
 
-@dataclass
-class Measurement:
-    """What one session measured, raw: per-cell results and the story of the run. Everything a
-    record needs from the device's machine (a Ray node's too: it travels as `to_dict`)."""
-
-    results: list[CellResult]
-    hellos: list[dict] = field(default_factory=list)  # per measuring round: {side: hello}
-    warmup_hellos: dict = field(default_factory=dict)
-    warmup: dict = field(default_factory=dict)  # {side: pid} of the warm-up pair (it measures nothing)
-    primed: dict | None = None  # when the warm-up compiled or tuned: k is calibrated afresh
-    contested: list[str] = field(default_factory=list)  # cells given extra rounds
-    restarts: int = 0
-    errors: list[str] = field(default_factory=list)
-    timeline: list[list] = field(default_factory=list)  # [what, seconds since the session began]
-    waited: dict = field(default_factory=dict)  # seconds waited on each command (both sides at once: once)
-    transfer: dict = field(default_factory=dict)  # how the base's results reached the candidate
-    integrity: dict = field(default_factory=lambda: {"base": [], "cand": []})
-    run_findings: list[Finding] = field(default_factory=list)  # guard findings about the whole run
-    probe_seconds: float = 0.0
-    unseen: dict | None = None  # the shapes nobody times, as checked in the warm-up (warmup.check_unseen)
-    # timed calls checked against the base's (bench/timed.py): the rounds' input draw, how many, the seconds
-    timed_calls: dict = field(default_factory=dict)
-    test_calls: dict | None = None  # the test's own calls, replayed in the warm-up (replay.check_test_calls)
-    lean_check: dict | None = None
-    env: dict = field(default_factory=dict)  # fingerprint, idle evidence, how the workers started
-    ceilings: dict | None = None  # the device's measured limits (roofline.Ceilings), taken where it ran
-    ceilings_error: str | None = None
-    interrupted: bool = False
-    wall_s: float = 0.0
-    host: str = field(default_factory=socket.gethostname)
-
-    @property
-    def started(self) -> bool:
-        """Whether any worker answered (a session that failed before that leaves nothing to record)."""
-        return bool(self.hellos or self.warmup_hellos or self.env)
-
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["results"] = [r.to_dict() for r in self.results]
-        d["run_findings"] = [f.to_dict() for f in self.run_findings]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Measurement:
-        names = {f.name for f in fields(cls)} - {"results", "run_findings"}
-        out = cls(results=[CellResult.from_dict(r) for r in d.get("results") or []],
-                  **{k: v for k, v in d.items() if k in names})
-        out.run_findings = [Finding.from_dict(f) for f in d.get("run_findings") or []]
-        return out
-
-
 class Session:
+    """The run's orchestration; its phases are functions of it through `bench/port.SessionPort`,
+    which it implements. `stopping` makes each cell's stopping rule for a round (any
+    `stats.stopping.RuleFactory`); this is the one place the default is picked: the CI half-width
+    rule, `stats.CIHalfWidthStop`."""
+
     def __init__(self, *, op: str, cells: list[Cell], config: BenchConfig, trees: dict[str, Path],
                  launcher: Launcher, run_dir: Path, triton_cache: Path | None = None,
                  allowed: list[dict] | None = None, on_event: Events | None = None,
                  cancel: threading.Event | None = None, t0: float | None = None, unseen: dict | None = None,
-                 test_calls: dict | None = None):
+                 test_calls: dict | None = None, stopping: RuleFactory = CIHalfWidthStop):
         self.op, self.cfg, self.trees, self.launcher = op, config, trees, launcher
         self.run_dir, self.triton_cache = run_dir, triton_cache
         self.allowed = allowed or []
@@ -140,6 +91,7 @@ class Session:
         self.cancel = cancel
         self.unseen = unseen  # the plan's draw (bench/unseen.plan); None: no check asked for
         self.test_calls = test_calls  # the plan's sample of the test's calls (bench/plan.test_calls_plan)
+        self.stopping = stopping
         self.out = Measurement(results=[CellResult(c) for c in cells],
                                transfer={"how": "cuda-ipc", "why": None},
                                timed_calls={"draw": timed.run_salt(), "checked": 0, "differ": 0, "seconds": 0.0})
@@ -324,7 +276,7 @@ class Session:
             hellos = {}
         self.out.lean_check = {"reference_pids": {s: h.get("pid") for s, h in hellos.items()},
                                "kernels_compared_on": compared, "differs": [f.message for f in found]}
-        self._add_run_findings(apply_allowances(found, self.allowed))
+        self.add_run_findings(apply_allowances(found, self.allowed))
         self.mark("lean import checked against the real one")
 
     def restart(self, why: str) -> bool:
@@ -413,9 +365,9 @@ class Session:
             return
         seen[side].extend(new)
         found = dynamic.integrity(seen["base"], seen["cand"], aa=self.cfg.aa)
-        self._add_run_findings(apply_allowances(found, self.allowed))
+        self.add_run_findings(apply_allowances(found, self.allowed))
 
-    def _add_run_findings(self, found: list[Finding]) -> None:
+    def add_run_findings(self, found: list[Finding]) -> None:
         known = {f.message for f in self.out.run_findings}
         self.out.run_findings += [f for f in found if f.message not in known]
 
@@ -475,7 +427,7 @@ class Session:
                                    "run without --exclusive (pairs are then marked, not refused)")
         return busy_while_ours_idle(readings) or ""
 
-    # -- helpers of both phases (the warm-up: bench/warmup.py; the sampling: bench/sampling.py) --
+    # -- what the phases use (bench/port.SessionPort) --
 
     def setup(self, res: CellResult, side: str, k: int | None, timer: str, placements: int = 1,
               reference: bool = False, draw: str | None = None) -> dict:
@@ -521,7 +473,7 @@ class Session:
         else:
             res.status, res.reason = "failed", f"{side}: {error}{also}"
             res.setup[f"{side}_traceback"] = reply.get("traceback", "")[-4000:]
-            if any(s in error for s in STICKY_CUDA):
+            if sticky_cuda(error):
                 self.broken = f"the {side} worker's CUDA context is broken ({error[:200]})"
                 self.out.errors.append(f"{res.cell.id}: {self.broken}")
 

@@ -20,7 +20,7 @@ them all. Here the checked call is one of the timed ones:
   GPU, a file otherwise) and the base judges it within --diff-tol, and within what the cell dtype's
   arithmetic explains (`precision-narrowed`): nothing of the judging runs in the candidate's process.
 
-Functions of a `Session` (bench/session.py), called from bench/sampling.py.
+Functions of the session's port (bench/port.SessionPort), called from bench/sampling.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from flaloop.guard import dynamic
 from flaloop.guard.findings import apply_allowances
 
 if TYPE_CHECKING:
-    from flaloop.bench.session import Session
+    from flaloop.bench.port import SessionPort
 
 # Not the `random` module's shared generator: nothing the target runs can seed or read this one.
 _RNG = random.SystemRandom()
@@ -61,7 +61,7 @@ def call_index(k: int | None) -> int:
     return _RNG.randrange(max(1, int(k or 1)))
 
 
-def check(s: Session, res: CellResult, at: dict) -> bool:
+def check(s: SessionPort, res: CellResult, at: dict) -> bool:
     """Compare the candidate's kept timed call with the base's (both kept by the sample request
     with `keep`); `at` says which (round, pair, call, k, timer, of_pairs). False when a side failed
     (the cell is failed) or the candidate differs (the cell is blocked)."""
@@ -106,7 +106,7 @@ def check(s: Session, res: CellResult, at: dict) -> bool:
     return True
 
 
-def _exchange(s: Session, res: CellResult) -> dict | None:
+def _exchange(s: SessionPort, res: CellResult) -> dict | None:
     """The candidate's kept call to the base, judged there; None when a side failed."""
     dump = s.run_dir / f"timed-{s.results.index(res)}-r{s.round + 1}.pt"
     share = s.out.transfer.get("how") == "cuda-ipc"

@@ -6,11 +6,11 @@ inputs are outside the op's domain: refused), the candidate's equal to the base'
 and no less precise than its dtype's arithmetic explains (`precision-narrowed`), and the guard's
 probes on both sides, the mutation probe among them (docs/GUARD.md). Results cross from the
 candidate to the base, which judges them (CUDA IPC handles on a GPU, a file otherwise;
-inside/worker/compare.py): nothing of the base's ever reaches the candidate's process. Then, once a run, base against candidate on a few small shapes nobody
+inside/worker/outputs.py): nothing of the base's ever reaches the candidate's process. Then, once a run, base against candidate on a few small shapes nobody
 times (`check_unseen`; the draw: bench/unseen.py).
 
-Functions of a `Session` (bench/session.py), which holds the workers and the state they use; a
-test drives them over scripted fake workers (tests/test_session.py).
+Functions of the session's port (bench/port.SessionPort), which holds the workers and the state
+they use; a test drives them over scripted fake workers (tests/test_session.py).
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING
 
 from flaloop.bench.analysis import tuning_differences
 from flaloop.bench.model import Cell, CellResult
+from flaloop.bench.port import sticky_cuda
 from flaloop.bench.workers import WorkerFailed
 from flaloop.guard import dynamic
 from flaloop.guard.findings import apply_allowances
 
 if TYPE_CHECKING:
-    from flaloop.bench.session import Session
+    from flaloop.bench.port import SessionPort
 
 
-def warm_all(s: Session) -> None:
+def warm_all(s: SessionPort) -> None:
     for i, res in enumerate(s.results):
         s.on_event("warm", cell=res.cell.id, index=i, total=len(s.results))
         try:
@@ -45,7 +46,7 @@ def warm_all(s: Session) -> None:
             return
 
 
-def warm_cell(s: Session, res: CellResult) -> None:
+def warm_cell(s: SessionPort, res: CellResult) -> None:
     base = s.setup(res, "base", None, "auto")
     res.setup["base"] = base
     if not base.get("ok"):
@@ -95,7 +96,7 @@ def warm_cell(s: Session, res: CellResult) -> None:
     return None
 
 
-def judge(s: Session, res: CellResult, found: list) -> None:
+def judge(s: SessionPort, res: CellResult, found: list) -> None:
     """A cell's warm-up findings, under the contract's allowances; a blocking one blocks the cell."""
     res.findings = apply_allowances(found, s.allowed)
     blocking = sorted({f.rule for f in res.findings if f.blocking})
@@ -103,7 +104,7 @@ def judge(s: Session, res: CellResult, found: list) -> None:
         res.status, res.reason = "blocked", "guard: " + ", ".join(blocking)
 
 
-def exchange(s: Session, res: CellResult, mutated: bool) -> dict | None:
+def exchange(s: SessionPort, res: CellResult, mutated: bool) -> dict | None:
     """The candidate's results on set 0 (with `mutated`: on inputs changed in place) judged by the
     base against its own, computed there after the candidate's; None when a side failed (the cell
     is failed). Nothing of the base's reaches the candidate's process: no result, no path, no
@@ -135,7 +136,7 @@ def exchange(s: Session, res: CellResult, mutated: bool) -> dict | None:
     return c
 
 
-def probe(s: Session, res: CellResult, found: list) -> None:
+def probe(s: SessionPort, res: CellResult, found: list) -> None:
     """The guard's probes on one cell, judged together with the warm-up's other `found` findings."""
     t0 = time.monotonic()
     try:
@@ -160,7 +161,7 @@ def probe(s: Session, res: CellResult, found: list) -> None:
 
 # -- shapes nobody times --------------------------------------------------------------------------
 
-def check_unseen(s: Session) -> None:
+def check_unseen(s: SessionPort) -> None:
     """Base against candidate on the plan's unseen shapes (bench/unseen.py), fwd and fwdbwd, once
     per run, in the warm-up pair after its cells (the pair measures nothing and is closed next, so
     what these setups compile, allocate or break touches no measuring process).
@@ -211,11 +212,11 @@ def check_unseen(s: Session) -> None:
         out["seconds"] = round(time.monotonic() - t0, 3)
         s.broken = None  # the warm-up pair is closed next: a context these shapes broke measures nothing
         # unseen-shape-differs is never allowable: it is wrong; precision-narrowed is, by the contract
-        s._add_run_findings(apply_allowances([f for f in found if f.rule == "precision-narrowed"], s.allowed)
+        s.add_run_findings(apply_allowances([f for f in found if f.rule == "precision-narrowed"], s.allowed)
                             + [f for f in found if f.rule != "precision-narrowed"])
 
 
-def _check_shapes(s: Session, shapes: list[dict], out: dict, found: list, on_path: bool = False) -> str | None:
+def _check_shapes(s: SessionPort, shapes: list[dict], out: dict, found: list, on_path: bool = False) -> str | None:
     """Each of `shapes` in each mode, base against candidate, into `out` (the record's `unseen`)
     and `found`; why the check had to stop, or None."""
     todo = [(shp, mode) for shp in shapes for mode in out["modes"]]
@@ -251,7 +252,7 @@ def _check_shapes(s: Session, shapes: list[dict], out: dict, found: list, on_pat
     return None
 
 
-def _off_path(s: Session, out: dict) -> list[str]:
+def _off_path(s: SessionPort, out: dict) -> list[str]:
     """The backends ("op.func -> backend") that served a cell's calls on a side but none of that side's
     checked unseen shapes: FLA's verifiers send a small shape elsewhere (the Gluon AttnRes backend takes
     no head dim under 128 bytes), and the check then compares code nobody timed."""
@@ -264,22 +265,7 @@ def _off_path(s: Session, out: dict) -> list[str]:
     return sorted(missing)
 
 
-def _worst(cmp_: dict) -> tuple[str, dict]:
-    """The tensor that differs most: first those that do not match, then by relative RMS."""
-    tensors = cmp_.get("tensors") or {}
-    if not tensors:
-        return "-", {}
-
-    def badness(kv):
-        t = kv[1]
-        rel = t.get("rel_rms")
-        return (not t.get("match"), t.get("nonfinite_self") or 0, float("inf") if rel is None else rel)
-
-    name, t = max(tensors.items(), key=badness)
-    return name, t
-
-
-def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> tuple[dict, str | None]:
+def _unseen_one(s: SessionPort, shp: dict, mode: str, index: int, served: dict) -> tuple[dict, str | None]:
     """({status: match | differs | skipped, why, worst}, why the check must stop or None) of one
     (shape, mode). Both sides set up at once (inputs only: `check_only`) and make their one call
     each at once, side by side: the candidate dumps its results to a file, the base keeps its own
@@ -287,8 +273,6 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> t
     compares the candidate's dump with them (no call, and nothing of the judging in the
     candidate's process). A file, not CUDA IPC: the tensors are small. `served` gets, per side, the
     backends that served that one call (inside/worker/backends.served_within)."""
-    from flaloop.bench.session import STICKY_CUDA  # (session imports this module)
-
     cell = Cell(shp["name"], dict(shp["shape"]), mode, s.unseen["dtype"], tuple(shp["seqlens"]) if shp.get("seqlens")
                 else None)
     wire = {**cell.to_wire(s.cfg, 1, "eager"), "n_sets": 1, "check_only": True}
@@ -306,7 +290,7 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> t
             if not r.get("ok"):
                 error = str(r.get("error", "unknown error")).removeprefix("skip:").strip()
                 who = "base" if side == "base" else "candidate"
-                return verdict(error, f"the {who}'s CUDA context broke" if any(x in error for x in STICKY_CUDA) else None)
+                return verdict(error, f"the {who}'s CUDA context broke" if sticky_cuda(error) else None)
         return None
 
     def both(cmd: str, payloads: dict) -> tuple[dict, str | None] | dict:
@@ -338,25 +322,14 @@ def _unseen_one(s: Session, shp: dict, mode: str, index: int, served: dict) -> t
             return {"status": "skipped", "why": f"the base's worker died comparing: {exc.message}"}, "the base's worker died"
         if not c.get("ok"):
             return {"status": "skipped", "why": f"the base could not compare: {str(c.get('error'))[:300]}"}, None
-        tensors = c.get("tensors") or {}
-        nonfinite = {n: t["nonfinite_ref"] for n, t in tensors.items() if t.get("nonfinite_ref")}
-        if nonfinite:
-            return {"status": "skipped", "why": "the base gives non-finite values: " + ", ".join(
-                f"{n}: {k}" for n, k in nonfinite.items())}, None
-        name, t = _worst(c)
-        worst = {"tensor": name, **{k: t.get(k) for k in ("rel_rms", "max_abs", "nonfinite_self", "shape", "shape_ref",
-                                                         "missing")}}
-        if c.get("match"):
+        verdict = dynamic.output_verdict(c)
+        if verdict["status"] == "match":
             narrowed = dynamic.precision_finding(f"unseen {cell.id}", s.unseen["dtype"], c)
-            return {"status": "match", "worst": worst, **({"narrowed": narrowed.message} if narrowed else {})}, None
-        rel = t.get("rel_rms")
-        how = (f"{name} missing on the {'candidate' if t['missing'] == 'self' else 'base'}" if t.get("missing") else
-               f"{name} shape {t.get('shape')} vs the base's {t.get('shape_ref')}" if t.get("shape") != t.get("shape_ref")
-               else f"{name} rel-RMS not finite (tol {c.get('tol')})" if rel is None else
-               f"{name} rel-RMS {rel:.3g} (tol {c.get('tol')})")
-        nf = f", {t['nonfinite_self']} non-finite (the base none)" if t.get("nonfinite_self") else ""
-        return {"status": "differs", "why": f"candidate differs from base: {how}{nf}", "worst": worst,
-                "tensors": tensors}, None
+            if narrowed:
+                verdict["narrowed"] = narrowed.message
+        elif verdict["status"] == "differs":
+            verdict["tensors"] = c.get("tensors") or {}
+        return verdict, None
     finally:
         dump.unlink(missing_ok=True)
         if live:

@@ -85,7 +85,7 @@ app = typer.Typer(cls=LoopOrderGroup, add_completion=False, no_args_is_help=True
 def _width(stream) -> int | None:
     """A terminal, or COLUMNS when set: rich's own detection. Otherwise (CI, agents, pipes, files)
     200 columns for text, where rich would assume 80 and cut paths; tables print at their full
-    width there (render.print_table)."""
+    width there (report/terminal.print_table)."""
     return None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200
 
 

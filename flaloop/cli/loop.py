@@ -253,7 +253,7 @@ def reassess_cmd(
                      data={"profiled": profiled.strip(), "tried": tried.strip(), "next": next_.strip(),
                            "why": why.strip(), "directions": rules.tried(iters), "stall_before": stall})
         ws.save_decision(d)
-        iteration.render(ws, c)
+        iteration.rewrite_logs(ws, c)
     if as_json:
         emit_json({"ok": True, "decision": d.to_dict(), "opt_log": str(ws.opt_log)})
         return
@@ -296,7 +296,7 @@ def stop_cmd(
         if rules.baseline_of(iters) is not None and (edits := records.check_doc(ws, ws.opt_log)):
             raise records.HandEdited(ws.opt_log, c.op, edits)
         if go:
-            missing = rules.go_missing(iters, ws.dispatch_rows(), target=c.target_speedup, shapes=c.shapes,
+            missing = rules.go_missing(iters, ws.dispatch_rows(), target_speedup=c.target_speedup, shapes=c.shapes,
                                        modes=c.modes, varlen=c.varlen, l2=c.l2)
             if not missing:
                 console.print("the go needs kernels that explain the win: the kept iteration against the base ...")
@@ -351,7 +351,7 @@ def stop_cmd(
         d = Decision(n=max((x.n for x in decisions), default=0) + 1, kind="stop",
                      after_iter=max(i.iter for i in iters), created=now_iso(), data=data)
         ws.save_decision(d)
-        iteration.render(ws, c)
+        iteration.rewrite_logs(ws, c)
     if as_json:
         emit_json({"ok": True, "decision": d.to_dict(), "opt_log": str(ws.opt_log), "explanation": explanation})
         return
@@ -459,7 +459,7 @@ def dispatch_cmd(
             tree={"head": cand.head, "dirty": cand.dirty, "diff_hash": cand.diff_hash},
             after_iter=max(i.iter for i in iters), created=now_iso(), same_as_iter=same, cand_env=cand_env)
         ws.save_dispatch(row)
-        iteration.render(ws, c)
+        iteration.rewrite_logs(ws, c)
     if as_json:
         emit_json({"ok": True, "row": row.to_dict(), "dispatch_md": str(ws.dispatch_md)})
         return
@@ -527,7 +527,7 @@ def header_cmd(
 def status_cmd(op: str, repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False) -> None:
     """Where the loop stands: phase, iterations, best, stall counter, last gate, target, next command."""
     target, c, ws = _setup(op, repo, python)
-    st = rules.state(ws.iterations(), ws.decisions(), ws.dispatch_rows(), op=op, target=c.target_speedup,
+    st = rules.state(ws.iterations(), ws.decisions(), ws.dispatch_rows(), op=op, target_speedup=c.target_speedup,
                      max_iters=c.max_iters, shapes=c.shapes, modes=c.modes, varlen=c.varlen, l2=c.l2)
     edits = records.check_doc(ws, ws.opt_log)
     doc = {"ok": True, "op": op, **st, "opt_log": {"path": str(ws.opt_log), "hand_edits": [e.to_dict() for e in edits]},
@@ -551,7 +551,7 @@ def log_cmd(
     """Render OPT_LOG.md (and dispatch.md) from the records; a hand-edited row is reported (exit 1)."""
     target, c, ws = _setup(op, repo, python)
     with lock_options.hold(target, op, human(as_json), "log"):
-        saved = iteration.render(ws, c, restore=restore)
+        saved = iteration.rewrite_logs(ws, c, restore=restore)
     if as_json:
         emit_json({"ok": True, "opt_log": str(ws.opt_log), "saved": [str(p) for p in saved]})
         return

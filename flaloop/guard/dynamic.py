@@ -270,8 +270,12 @@ def self_check_finding(cell: str, round_no: int, changed: list[str], checks: dic
 
 
 
-def worst_tensor(cmp_: dict) -> dict:
-    """The tensor of a comparison (inside/worker/compare.compare_results) that differs most: one that
+# what a verdict says of the tensor that differs most (`worst_tensor`)
+WORST_KEYS = ("rel_rms", "max_abs", "nonfinite_self", "shape", "shape_ref", "missing")
+
+
+def worst_tensor(cmp_: dict, keys: tuple[str, ...] = (*WORST_KEYS, "nonfinite_ref")) -> dict:
+    """The tensor of a comparison (inside/worker/outputs.compare_results) that differs most: one that
     does not match first, then by relative RMS; {} when nothing was compared."""
     tensors = cmp_.get("tensors") or {}
     if not tensors:
@@ -283,8 +287,37 @@ def worst_tensor(cmp_: dict) -> dict:
         return (not t.get("match"), t.get("nonfinite_self") or 0, math.inf if rel is None else rel)
 
     name, t = max(tensors.items(), key=badness)
-    return {"tensor": name, **{k: t.get(k) for k in ("rel_rms", "max_abs", "nonfinite_self", "nonfinite_ref",
-                                                     "shape", "shape_ref", "missing")}}
+    return {"tensor": name, **{k: t.get(k) for k in keys}}
+
+
+def how_differs(worst: dict, tol: object = None, with_tol: bool = False) -> str:
+    """How the tensor that differs most (`worst_tensor`) differs: missing on a side, another shape,
+    or its relative RMS (with `with_tol`, beside the tolerance `tol`)."""
+    name, rel = worst.get("tensor", "-"), worst.get("rel_rms")
+    if worst.get("missing"):
+        return f"{name} missing on the {'candidate' if worst['missing'] == 'self' else 'base'}"
+    if worst.get("shape") != worst.get("shape_ref"):
+        return f"{name} shape {worst.get('shape')} vs the base's {worst.get('shape_ref')}"
+    within = f" (tol {tol})" if with_tol else ""
+    return f"{name} rel-RMS not finite{within}" if rel is None else f"{name} rel-RMS {rel:.3g}{within}"
+
+
+def output_verdict(cmp_: dict) -> dict:
+    """The base's comparison of the candidate's outputs with its own (inside/worker/outputs.
+    compare_results) as a verdict of a call nobody times (the unseen shapes, the test's calls, the
+    options): `skipped` where the base itself gives non-finite values (the inputs lie outside the
+    op's domain), else `match` or `differs` with why; `worst` is the tensor that differs most."""
+    tensors = cmp_.get("tensors") or {}
+    nonfinite = {n: t["nonfinite_ref"] for n, t in tensors.items() if t.get("nonfinite_ref")}
+    if nonfinite:
+        return {"status": "skipped", "why": "the base gives non-finite values: " + ", ".join(
+            f"{n}: {k}" for n, k in nonfinite.items())}
+    worst = worst_tensor(cmp_, WORST_KEYS) or {"tensor": "-", **dict.fromkeys(WORST_KEYS)}
+    if cmp_.get("match"):
+        return {"status": "match", "worst": worst}
+    nf = f", {worst['nonfinite_self']} non-finite (the base none)" if worst.get("nonfinite_self") else ""
+    return {"status": "differs", "why": f"candidate differs from base: {how_differs(worst, cmp_.get('tol'), True)}{nf}",
+            "worst": worst}
 
 
 def timed_call_finding(cell: str, at: dict, worst: dict, tol: float | None, aa: bool = False) -> Finding:
@@ -294,14 +327,8 @@ def timed_call_finding(cell: str, at: dict, worst: dict, tol: float | None, aa: 
     where = f"round {at.get('round')}, pair {at.get('pair', 0) + 1}{pairs}, " + (
         "the graph's replay" if at.get("timer") == "cuda_graph" else
         f"call {at.get('call', 0) + 1} of {at.get('k')}")
-    name, rel = worst.get("tensor", "-"), worst.get("rel_rms")
-    how = (f"{name} missing on the {'candidate' if worst.get('missing') == 'self' else 'base'}"
-           if worst.get("missing") else
-           f"{name} shape {worst.get('shape')} vs the base's {worst.get('shape_ref')}"
-           if worst.get("shape") != worst.get("shape_ref") else
-           f"{name} rel-RMS not finite" if rel is None else f"{name} rel-RMS {rel:.3g}")
     nf = f", {worst['nonfinite_self']} non-finite" if worst.get("nonfinite_self") else ""
-    msg = f"{where}: the timed call differs from the base's on the same inputs: {how}{nf} (tol {tol})"
+    msg = f"{where}: the timed call differs from the base's on the same inputs: {how_differs(worst)}{nf} (tol {tol})"
     if aa:
         return finding("timed-call-differs", msg + " (A/A: the base against itself, reported, not blocking)",
                        cell, severity=WARN)
@@ -326,7 +353,7 @@ _NARROWED = "rounding through fp16 gives about 2e-4, TF32 2e-4 to 4e-4, bf16 1.7
 
 def precision_finding(where: str, dtype: str, cmp_: dict, aa: bool = False,
                       bounds: dict[str, float] | None = None) -> Finding | None:
-    """`precision-narrowed` when a comparison that matched within --diff-tol (inside/worker/compare.
+    """`precision-narrowed` when a comparison that matched within --diff-tol (inside/worker/outputs.
     compare_results: the candidate's results against the base's) still differs by more than the
     cell dtype's arithmetic can explain; None otherwise, or for a dtype with no bound. In an A/A
     both sides are the base: reported, not blocking."""

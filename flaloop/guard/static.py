@@ -32,7 +32,8 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli packag
 from flaloop.core import git
 from flaloop.guard.catalogue import finding
 from flaloop.guard.findings import Finding
-from flaloop.guard.rules import FileContext, Hit, run_checks
+from flaloop.guard.rules import run_checks
+from flaloop.guard.rules.check import FileContext, Hit
 from flaloop.guard.rules.delegation import has_own_kernels
 from flaloop.guard.rules.files import file_findings
 from flaloop.guard.source import Source, changed_lines, module_name

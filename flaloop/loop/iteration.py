@@ -132,7 +132,7 @@ def run_baseline(target: Target, contract: Contract, ws: Workspace, hooks: Hooks
     with deferred_interrupt():
         ws.save_iteration(it)
     traps.seed(ws, contract.op)
-    render(ws, contract)
+    rewrite_logs(ws, contract)
     return it
 
 
@@ -250,7 +250,7 @@ def run_iteration(target: Target, contract: Contract, ws: Workspace, hooks: Hook
                 it.note += f"; the tree is back at HEAD before the iteration, not at {best.commit[:12]}"
             ws.save_iteration(it)
     try:
-        render(ws, contract)
+        rewrite_logs(ws, contract)
     except records.HandEdited as exc:  # the iteration itself is done: say so before the refusal
         exc.message = (f"iteration {n} is recorded ({it.status}) and committed as {it.commit[:12]}, but "
                        f"OPT_LOG.md was not re-rendered: " + exc.message)
@@ -286,8 +286,9 @@ def revert_message(contract: Contract, it: Iteration, best: Iteration) -> str:
             f"Flaloop-Op: {contract.op}\nFlaloop-Iteration: {it.iter}\nFlaloop-Status: {it.status}\n")
 
 
-def render(ws: Workspace, contract: Contract, *, restore: bool = False) -> list[Path]:
-    """Re-render OPT_LOG.md (and dispatch.md when it has rows); the paths of edited files saved aside."""
+def rewrite_logs(ws: Workspace, contract: Contract, *, restore: bool = False) -> list[Path]:
+    """OPT_LOG.md (and dispatch.md when it has rows) written afresh from the records (records.render_*);
+    the paths of edited files saved aside."""
     saved = []
     dispatch = ws.dispatch_rows()
     text = records.render_opt_log(contract, ws.iterations(), ws.decisions(), dispatch)

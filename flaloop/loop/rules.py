@@ -191,7 +191,7 @@ def stop_conditions(iters: list[Iteration], max_iters: int) -> list[str]:
 
 # -- stop: go and no-go -------------------------------------------------------------------------
 
-def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target: float, shapes: list[str],
+def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target_speedup: float, shapes: list[str],
                modes: list[str], varlen: bool = False, l2: str = "rotate") -> list[tuple[str, str]]:
     """What `stop --go` lacks: (item, why) pairs; empty when the go is earned."""
     keep = best(iters)
@@ -206,10 +206,10 @@ def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target: f
         out.append(("vs base", f"iteration {keep.iter} has no complete measurement against the base"))
     else:
         g = vb["geomean"]
-        if g["speedup"] < target or vb["verdict"] != "FASTER":
+        if g["speedup"] < target_speedup or vb["verdict"] != "FASTER":
             out.append(("target", f"iteration {keep.iter} is {_pct(g['speedup'])} "
                                   f"[{g['ci_low']:.4f}, {g['ci_high']:.4f}] {vb['verdict']} vs base; "
-                                  f"the contract's target is {target:g}x"))
+                                  f"the contract's target is {target_speedup:g}x"))
         if varlen and not vb.get("varlen"):
             out.append(("varlen cells", f"the contract has --varlen, but iteration {keep.iter} measured no packed "
                                         f"(cu_seqlens) cell against the base"))
@@ -256,14 +256,14 @@ def speedup_vs_base(it: Iteration | None) -> float | None:
 
 
 def state(iters: list[Iteration], decisions: list[Decision], dispatch: list[DispatchRow], *, op: str,
-          target: float, max_iters: int, shapes: list[str], modes: list[str], varlen: bool = False,
+          target_speedup: float, max_iters: int, shapes: list[str], modes: list[str], varlen: bool = False,
           l2: str = "rotate") -> dict:
     """The phase, the counters and the next command, as `flaloop status` shows them."""
     tries = attempts(iters)
     b = best(iters)
     stall = stall_count(iters, decisions)
     conditions = stop_conditions(iters, max_iters)
-    go = go_missing(iters, dispatch, target=target, shapes=shapes, modes=modes, varlen=varlen, l2=l2)
+    go = go_missing(iters, dispatch, target_speedup=target_speedup, shapes=shapes, modes=modes, varlen=varlen, l2=l2)
     last_stop = next((d for d in reversed(decisions) if d.kind == "stop"), None)
     stopped = last_stop is not None and last_stop.after_iter >= (tries[-1].iter if tries else 0)
     speed = speedup_vs_base(b)
@@ -290,8 +290,8 @@ def state(iters: list[Iteration], decisions: list[Decision], dispatch: list[Disp
                                         "direction": b.direction, "vs_base": speed},
         "stall": {"count": stall, "limit": STALL_LIMIT, "stalled": stall >= STALL_LIMIT},
         "last_gate": None if last is None or not last.gate else {"iter": last.iter, **last.gate},
-        "target": {"speedup": target, "best": speed,
-                   "remaining": None if speed is None else target / speed - 1.0, "met": not go,
+        "target": {"speedup": target_speedup, "best": speed,
+                   "remaining": None if speed is None else target_speedup / speed - 1.0, "met": not go,
                    "missing": [{"item": k, "why": v} for k, v in go]},
         "stop_conditions": conditions, "dispatch_rows": len(dispatch),
         "stopped": None if not stopped else {"verdict": last_stop.data.get("verdict"),

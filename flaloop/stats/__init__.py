@@ -71,9 +71,11 @@ A cell is sampled as interleaved pairs (ABBA order), and each pair gives one sta
 
 Extending
 ---------
-*A new stopping rule* is any object with ``enough(r, elapsed_s) -> bool`` and a ``reason``
-attribute (``None`` until it says stop); see ``StoppingRule``. The session asks it after
-every pair and records ``reason``; nothing else needs to change.
+*A new stopping rule* is any object with ``enough(r, elapsed_s) -> bool``, a ``reason``
+attribute (``None`` until it says stop) and ``last`` (its latest interval, or ``None``); see
+``StoppingRule``. Its class, or any ``RuleFactory``, is passed to the session
+(``bench/session.Session(stopping=...)``, where the default is picked); the session asks it
+after every pair and records ``reason``; nothing else needs to change.
 
 *A new estimator* is an ``Estimator`` added to ``ESTIMATORS``: ``point(r)`` gives the
 estimate; ``resampled(x, counts)`` gives it for each row of ``counts``, a multiset over the
@@ -95,12 +97,12 @@ from flaloop.stats.intervals import (
     estimate_speedup,
     shift_interval,
 )
-from flaloop.stats.stopping import CIHalfWidthStop, StoppingRule
+from flaloop.stats.stopping import CIHalfWidthStop, RuleFactory, StoppingRule
 from flaloop.stats.verdicts import CellPValues, Verdict, cell_pvalues, holm_adjust, holm_verdicts, verdict
 
 __all__ = [
     "ESTIMATORS", "GEOMEAN_METHODS", "METHODS", "MIN_BOOTSTRAP_PAIRS", "CIHalfWidthStop", "CellPValues",
-    "Estimator", "GeomeanEstimate", "SpeedupEstimate", "StoppingRule", "Summary", "Verdict", "cell_pvalues",
+    "Estimator", "GeomeanEstimate", "RuleFactory", "SpeedupEstimate", "StoppingRule", "Summary", "Verdict", "cell_pvalues",
     "combined_interval", "estimate_speedup", "geomean", "hodges_lehmann", "holm_adjust", "holm_verdicts",
     "log_ratios", "shift_interval", "summarize", "verdict",
 ]

@@ -14,11 +14,25 @@ from flaloop.stats.intervals import SpeedupEstimate, estimate_speedup
 # -- stopping --------------------------------------------------------------------------------------
 
 class StoppingRule(Protocol):
-    """Asked after every pair; ``reason`` says why it stopped (None while it has not)."""
+    """When a cell has enough pairs in a round: asked after every pair with the round's kept log
+    ratios ln(cand/base) and the seconds the cell has taken; one instance per cell and round.
+
+    ``reason`` says why it stopped (None while it has not). ``last`` is the latest interval it
+    computed on the way (None before its first): the session judges a cell settled beyond the
+    margin on it rather than bootstrapping a second one per pair. The session makes its rules with
+    a `RuleFactory`; bench/session.Session's ``stopping`` picks the default, `CIHalfWidthStop`."""
 
     reason: str | None
+    last: SpeedupEstimate | None
 
     def enough(self, r: np.ndarray, elapsed_s: float) -> bool: ...
+
+
+class RuleFactory(Protocol):
+    """Makes a cell's stopping rule for one round: the round's share of the half-width asked for,
+    its pairs (at least, at most) and its seconds (bench/sampling.round_budget)."""
+
+    def __call__(self, *, target: float, min_pairs: int, max_pairs: int, max_seconds: float) -> StoppingRule: ...
 
 
 @dataclass
@@ -33,7 +47,7 @@ class CIHalfWidthStop(_Dict):
     One instance per cell; a shorter ``r`` than last time starts afresh.
     """
 
-    target: float = 0.0025
+    target: float = 0.0025  # the CI half-width to reach (`to_dict` says `target`)
     min_pairs: int = 16
     max_pairs: int = 2000
     max_seconds: float = 60.0

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from flaloop.bench import record as record_mod
 from flaloop.bench.finish import finish
+from flaloop.bench.measurement import Measurement
 from flaloop.bench.model import BenchConfig
 from flaloop.bench.plan import MeasurePlan, plan
 from flaloop.bench.record import RunRecord, TreeRef
-from flaloop.bench.session import Measurement
 from flaloop.core import files as fsutil
 from flaloop.core import git
 from flaloop.guard.audit import audit

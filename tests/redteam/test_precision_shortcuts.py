@@ -123,7 +123,7 @@ def test_a_chunk_size_change_over_a_long_sequence_stays_far_below_the_bound(tmp_
     import torch
 
     from flaloop.guard.dynamic import precision_finding
-    from flaloop.inside.worker.compare import compare_results
+    from flaloop.inside.worker.outputs import compare_results
 
     env = {**os.environ, "PYTHONPATH": str(MINIFLA), "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-c", LONG, str(tmp_path / "long.pt")], env=env, check=True, timeout=120)

@@ -7,64 +7,23 @@ across versions (e.g. `cast:torch.bfloat16`): the base's count of a key is the c
 allowance for it.
 
 A new rule: a `Rule` in guard/catalogue.py, and a check function in a sibling module, in that
-module's CHECKS list (a new module goes into `_checks()` below).
+module's CHECKS list (a new module goes into `CHECKS` below). What a check is, and what it yields
+(`Hit`, `FileContext`, `Check`), is guard/rules/check.py.
 """
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-
+from flaloop.guard.rules import delegation, harness, numeric, state
+from flaloop.guard.rules.check import Check, FileContext, Hit
 from flaloop.guard.source import Source
 
-
-@dataclass
-class Hit:
-    rule: str
-    key: str                    # what counts as the same occurrence in base and candidate
-    node: ast.AST
-    message: str
-    severity: str | None = None  # None: the rule's default
-
-    @property
-    def line(self) -> int:
-        return getattr(self.node, "lineno", 1)
-
-    @property
-    def end_line(self) -> int:
-        return getattr(self.node, "end_lineno", None) or self.line
-
-
-@dataclass
-class FileContext:
-    """What a check may know beyond the file itself."""
-    path: str
-    op_code: bool = True             # part of the op's package or of what the op imports
-    kernel_base: bool = False        # the op (this file or its op directory) had kernels of its own at the base
-                                     # (Triton, Gluon, CuTe DSL or TileLang: delegation.KERNEL_DECORATORS)
-    shape_literals: frozenset[int] = frozenset()
-    tensor_names: frozenset[str] = frozenset()
-    package: str = ""
-    # module (+ name) -> repo-relative file that defines it, or None (see static.Resolver)
-    resolve: Callable[[str, str | None], str | None] = lambda mod, name: None
-    frozen: dict[str, str] = field(default_factory=dict)      # repo-relative path -> why the gate freezes it
-    references: dict[str, str] = field(default_factory=dict)  # the frozen files the test compares against
-
-
-Check = Callable[[Source, FileContext], Iterator[Hit]]
-
-
-def _checks() -> list[Check]:
-    from flaloop.guard.rules import delegation, harness, numeric, state
-
-    return [*numeric.CHECKS, *delegation.CHECKS, *state.CHECKS, *harness.CHECKS]
+CHECKS: list[Check] = [*numeric.CHECKS, *delegation.CHECKS, *state.CHECKS, *harness.CHECKS]
 
 
 def run_checks(src: Source, ctx: FileContext) -> list[Hit]:
     if src.tree is None:
         return []
     hits: list[Hit] = []
-    for check in _checks():
+    for check in CHECKS:
         hits.extend(check(src, ctx))
     return hits

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from flaloop.guard.rules import FileContext, Hit
+from flaloop.guard.rules.check import FileContext, Hit
 from flaloop.guard.rules.walk import method_name, outermost_chains
 from flaloop.guard.source import Source
 

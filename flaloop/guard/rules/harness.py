@@ -9,7 +9,7 @@ import ast
 from collections.abc import Iterator
 
 from flaloop.guard.findings import WARN
-from flaloop.guard.rules import FileContext, Hit
+from flaloop.guard.rules.check import FileContext, Hit
 from flaloop.guard.rules.numeric import NUMERIC_ENV, PRECISION_KNOBS, RELAX_FLAGS
 from flaloop.guard.rules.walk import (
     ENVIRON,

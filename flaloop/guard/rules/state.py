@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 
 from flaloop.guard.findings import WARN
-from flaloop.guard.rules import FileContext, Hit
+from flaloop.guard.rules.check import FileContext, Hit
 from flaloop.guard.rules.walk import MUTATORS, method_name, outermost_chains, root_name, statement, targets
 from flaloop.guard.source import Source, const_str
 

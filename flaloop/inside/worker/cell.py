@@ -26,8 +26,8 @@ import torch
 
 from . import timing
 from .backends import backend_snapshot
-from .compare import compare_results, diff_stats, flatten_outputs, same_bits
 from .inputs import CellSpec, InputSet, nbytes, nonfinite
+from .outputs import compare_results, diff_stats, flatten_outputs, same_bits
 from .protocol import refusal, short_error
 from .tuning import tuning_added, tuning_snapshot
 

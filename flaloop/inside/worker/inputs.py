@@ -9,8 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .op_import import signature
 from .protocol import Skip
-from .target import signature
 
 VALID_OVERRIDES = ('identity', 'l2norm', 'logsigmoid', 'sigmoid')
 # NAME=neg:OTHER: the input is minus another one (as built, transform included), for ops whose

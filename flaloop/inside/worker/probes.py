@@ -35,8 +35,8 @@ import time
 
 import torch
 
-from .compare import max_rel_diff, same_bits
 from .inputs import nonfinite
+from .outputs import max_rel_diff, same_bits
 from .timing import device_sync
 
 ENV_PREFIXES = ('TRITON_', 'FLA_', 'TORCH_', 'PYTORCH_', 'CUDA_', 'NVIDIA_', 'CUBLAS', 'CUDNN', 'NCCL_', 'OMP_',

@@ -25,8 +25,8 @@ import inspect
 
 import torch
 
-from .compare import flatten_outputs
 from .inputs import NEG, CellSpec, apply_override, iter_tensors
+from .outputs import flatten_outputs
 
 OFFSET_NAMES = ('cu_seqlens', 'offsets', 'seq_offsets', 'cu_seqlens_cpu', 'cu_seqlens_k', 'cu_seqlens_q')
 

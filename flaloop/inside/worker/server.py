@@ -19,10 +19,10 @@ import torch
 from . import integrity, probes, replay, timing
 from .backends import served_within
 from .cell import BuiltCell
-from .compare import compare_results, describe, load_dump, open_shared, save_dump, share
 from .model import ModelCell, ModelRefused
+from .op_import import LAZY_RAN, apply_backend_env, import_op, load_registry, loaded_outside, source_file
+from .outputs import compare_results, describe, load_dump, open_shared, save_dump, share
 from .protocol import InitError, send, serve, short_error
-from .target import LAZY_RAN, apply_backend_env, import_op, load_registry, loaded_outside, source_file
 from .tuning import dist_version, triton_version
 
 
