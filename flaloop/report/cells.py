@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from flaloop.bench.model import CellResult
 
 _UNSET = object()
+LAUNCH_BOUND = "launch-bound (host > device)"  # a cell whose host time per call exceeds its device time
 
 
 def _sides() -> dict:
@@ -123,7 +124,7 @@ class CellView:
         eager-timed cell, rounds that disagree, autotuning that differs between the sides."""
         note = self.reason
         if self.launch_bound:
-            note = (note + " launch-bound (host > device)").strip()
+            note = (note + " " + LAUNCH_BOUND).strip()
         if self.timer == "cuda_eager":
             note = (note + " eager timing (no CUDA graph)").strip()
         if self.rounds_disagree:

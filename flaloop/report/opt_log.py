@@ -11,6 +11,7 @@ from flaloop.loop import rules
 from flaloop.loop.records import NOTES_HEADING, render_table
 from flaloop.loop.store import DispatchRow, Iteration
 from flaloop.report import fmt
+from flaloop.report.cells import LAUNCH_BOUND
 
 OPT_LOG_COLUMNS = ("iter", "commit", "direction", "gate", "vs best", "vs base (geomean, 95% CI)", "worst cell",
                    "status", "note")
@@ -87,7 +88,7 @@ def render_opt_log(contract, iters: list[Iteration], decisions: list, dispatch: 
                 f"(base against itself) read {comparison_text(b.get('aa'), link=False)}", "",
                 *render_table(("cell", "timer", "device ms (median)", "eager ms (median)", "note"), [
                     [x["id"], x.get("timer") or "-", fmt.ms(x.get("device_ms")), fmt.ms(x.get("eager_ms")),
-                     "launch-bound (host > device)" if x.get("launch_bound") else ""]
+                     LAUNCH_BOUND if x.get("launch_bound") else ""]
                     for x in b.get("cells", [])])]
     else:
         out.append("- Baseline: not recorded yet (`flaloop baseline`)")
