@@ -27,6 +27,10 @@ STATUS_COLORS = {"baseline": GREY, "keep": "#1a7f37", "revert": "#bc4c00", "drop
 # a loop status on the terminal (rich styles); any other status is bold
 STATUS_STYLE = {"keep": "bold green", "revert": "bold yellow", "noise": "yellow", "drop": "bold red",
                 "signal": "cyan"}
+# a gate's word on the terminal, by whether it is green
+GATE_STYLE = {True: "bold green", False: "bold red"}
+# a guard finding's severity on the terminal: blocking, a warning, or allowed by the contract
+SEVERITY_STYLE = {"block": "bold red", "warn": "yellow", "allowed": "cyan"}
 # the verdicts a markdown table sets in bold: the ones that decide something
 EMPHASIZED = ("SLOWER", "FASTER")
 

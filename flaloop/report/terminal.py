@@ -51,7 +51,7 @@ def print_table(console: Console, table: Table, drop: Sequence[str] = ()) -> lis
 
 
 def print_gate(r: gate_mod.GateResult, console: Console) -> None:
-    label = "[bold green]GREEN[/]" if r.green else "[bold red]RED[/]"
+    label = f"[{fmt.GATE_STYLE[bool(r.green)]}]{'GREEN' if r.green else 'RED'}[/]"
     scope = f"  [yellow](signal only: -k {escape(repr(r.k_expr))})[/]" if r.signal_only else ""
     console.print(f"{label} gate {escape(r.op)}: {escape(r.test_file)}{scope}", markup=True)
     if r.reused_from:
@@ -244,11 +244,11 @@ def print_findings(findings: list, console: Console, title: str = "guard finding
     explained: set[str] = set()
     for f in findings:
         if f.allowed is not None:
-            sev = Text(f"allowed: {f.allowed}", style="cyan")
+            sev = Text(f"allowed: {f.allowed}", style=fmt.SEVERITY_STYLE["allowed"])
         elif f.blocking:
-            sev = Text("BLOCK", style="bold red")
+            sev = Text("BLOCK", style=fmt.SEVERITY_STYLE["block"])
         else:
-            sev = Text(f.severity, style="yellow")
+            sev = Text(f.severity, style=fmt.SEVERITY_STYLE["warn"])
         seen = f.rule in explained
         explained.add(f.rule)
         table.add_row(f.rule, sev, f.where or "-", f.message, "(as above)" if seen else f.why,
