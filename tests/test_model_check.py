@@ -247,7 +247,8 @@ def test_the_reports_in_the_model_section_and_its_plot(tmp_path):
 
 def test_a_sweep_ranked_by_the_model_puts_the_faster_step_first_and_an_unchecked_one_unranked():
     from flaloop.bench.record import TreeRef
-    from flaloop.sweep.record import SweepRecord, SweepRow, render_markdown
+    from flaloop.report.sweep import render_markdown
+    from flaloop.sweep.record import SweepRecord, SweepRow
 
     def row(ref, geo, model):
         return SweepRow(key=ref, op=OP, ref=ref, status="ok",

@@ -16,7 +16,8 @@ from conftest import commit_all, edit, flaloop, fresh_copy, git, make_toy_repo
 from flaloop.core import git as git_mod
 from flaloop.core.errors import UsageError
 from flaloop.guard.findings import Finding
-from flaloop.report.build import build as report_mod
+from flaloop.report.build import build as build_report
+from flaloop.report.build import commit_states, portable_command, same_state
 from flaloop.report.markdown import render, render_github
 from flaloop.report.plots import write_plots
 from flaloop.task.target import Target
@@ -73,7 +74,7 @@ def as_win(repo: Path) -> None:
 
 
 def build(repo: Path) -> dict:
-    return report_mod.build(Target.discover(repo), OP)
+    return build_report(Target.discover(repo), OP)
 
 
 # -- the profiler ---------------------------------------------------------------------------------
@@ -428,9 +429,9 @@ def test_commit_states_recognise_a_committed_dirty_tree(tmp_path):
     dirty_untracked = git_mod.tree_state(repo)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "c")
-    states = report_mod.commit_states(repo, git_mod.head_commit(repo))
-    assert any(report_mod.same_state(dirty_untracked, s) for s in states)
-    assert not any(report_mod.same_state(dirty_tracked, s) for s in states)  # not what was committed
+    states = commit_states(repo, git_mod.head_commit(repo))
+    assert any(same_state(dirty_untracked, s) for s in states)
+    assert not any(same_state(dirty_tracked, s) for s in states)  # not what was committed
     assert states[0] == {"head": git_mod.head_commit(repo), "dirty": False, "diff_hash": None}
 
 
@@ -524,10 +525,10 @@ def test_the_report_shows_the_kept_commits_sanitizer_run_and_a_candidate_only_er
 def test_recorded_commands_lose_the_measuring_machines_paths_and_stay_one_shell_word_each():
     cmd = ("flaloop iter chunk_delta_rule 'keep the forward'\"'\"'s intermediates' --repo '/tmp/x y' --json "
            "--python=/opt/py --min-pairs 16")
-    got = report_mod.portable_command(cmd)
+    got = portable_command(cmd)
     assert shlex.split(got) == ["flaloop", "iter", "chunk_delta_rule", "keep the forward's intermediates",
                                 "--min-pairs", "16"]
-    assert report_mod.portable_command("flaloop 'unclosed") == "flaloop 'unclosed"
+    assert portable_command("flaloop 'unclosed") == "flaloop 'unclosed"
 
 
 def _plot_doc() -> dict:
@@ -549,10 +550,11 @@ def test_the_plots_read_right_at_a_glance():
     dropped iteration still drawn, and no legend over the axes, its ticks or its label."""
     from matplotlib.colors import to_hex
 
-    from flaloop.report import plots as report_plots
+    from flaloop.report import plots
+    from flaloop.report.fmt import STATUS_COLORS
 
     doc = _plot_doc()
-    fig = report_plots.times_figure(doc)
+    fig = plots.times_figure(doc)
     ax = fig.axes[0]
     assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
     assert {t.get_text().strip() for t in ax.texts} >= {"1.45x", "1.46x"}
@@ -560,12 +562,12 @@ def test_the_plots_read_right_at_a_glance():
     r = fig.canvas.get_renderer()
     assert not fig.legends[0].get_window_extent(r).overlaps(ax.get_tightbbox(r))
 
-    assert len(set(report_plots.STATUS_COLORS.values())) == len(report_plots.STATUS_COLORS)
-    fig = report_plots.trajectory_figure(doc)
+    assert len(set(STATUS_COLORS.values())) == len(STATUS_COLORS)
+    fig = plots.trajectory_figure(doc)
     ax = fig.axes[0]
     crosses = [ln for ln in ax.lines if ln.get_marker() == "x" and len(ln.get_xdata())]
     assert [(c.get_xdata()[0], c.get_ydata()[0]) for c in crosses] == [(3, 1.0)]
-    assert to_hex(crosses[0].get_color()) == report_plots.STATUS_COLORS["drop"]
+    assert to_hex(crosses[0].get_color()) == STATUS_COLORS["drop"]
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     assert not ax.get_legend().get_window_extent(r).overlaps(ax.get_window_extent(r))

@@ -14,7 +14,7 @@ import typer
 from flaloop.cli.app import FailOnOpt, JsonOpt, RepoOpt, app, command, emit_json, fail_on_exit, human, out
 from flaloop.core import git
 from flaloop.core.errors import FlaloopError
-from flaloop.report import compare as compare_mod
+from flaloop.report import compare
 
 
 @app.command("compare")
@@ -33,12 +33,12 @@ def compare_cmd(
         root = git.repo_root(Path(repo) if repo else Path.cwd())
     except FlaloopError:
         root = None  # record paths need no repository
-    ra, rb = compare_mod.resolve(a, root, op), compare_mod.resolve(b, root, op)
-    cmp = compare_mod.compare(ra, rb)
+    ra, rb = compare.resolve(a, root, op), compare.resolve(b, root, op)
+    cmp = compare.compare(ra, rb)
     console = human(as_json)
     code = fail_on_exit(0, fail_on, cmp.slower, console)
     if as_json:
         emit_json({"ok": True, "kind": "compare", **cmp.to_dict(), "exit_code": code})
     else:
-        out.print(compare_mod.render_markdown(cmp))
+        out.print(compare.render_markdown(cmp))
     raise typer.Exit(code)

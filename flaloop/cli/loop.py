@@ -51,6 +51,7 @@ from flaloop.loop import header as header_mod
 from flaloop.loop import traps as traps_mod
 from flaloop.loop.store import Decision, DispatchRow, Workspace, now_iso
 from flaloop.modelcheck import run as modelcheck
+from flaloop.report import fmt, opt_log
 from flaloop.report.loop import print_iteration, print_status
 from flaloop.report.terminal import print_bench, print_gate
 from flaloop.sweep import promote
@@ -131,9 +132,9 @@ def baseline_cmd(
     if as_json:
         emit_json({"ok": True, "iteration": it.to_dict(), "opt_log": str(ws.opt_log), "traps": str(ws.traps_md)})
         return
-    out.print(f"baseline of {op} recorded: {records.env_line(it.baseline['env'], it.commit)}")
+    out.print(f"baseline of {op} recorded: {opt_log.env_line(it.baseline['env'], it.commit)}")
     for cell in it.baseline["cells"]:
-        out.print(f"  {cell['id']}: device {records.fmt_ms(cell['device_ms'])} ms, eager {records.fmt_ms(cell['eager_ms'])} ms "
+        out.print(f"  {cell['id']}: device {fmt.ms(cell['device_ms'])} ms, eager {fmt.ms(cell['eager_ms'])} ms "
                   f"({cell['timer']})")
     out.print(f"wrote {ws.opt_log} and {ws.traps_md}")
     out.print(f"next: edit the kernel, then `flaloop iter {op} \"<one-line direction>\"`")
@@ -205,7 +206,7 @@ def iter_cmd(
     code = EXIT.get(it.status, 3 if measured else 1)
     if as_json:
         emit_json({"ok": True, "exit_code": code, "iteration": it.to_dict(), "row": records.render_row(
-            records.iteration_row(it)), "opt_log": str(ws.opt_log)})
+            opt_log.iteration_row(it)), "opt_log": str(ws.opt_log)})
     else:
         print_iteration(it, ws, out)
     raise typer.Exit(code)
@@ -260,7 +261,7 @@ def reassess_cmd(
     out.print(f"re-assessment R{d.n} after iteration {d.after_iter} recorded (stall counter {stall} -> 0)")
     out.print("directions the log shows as tried:")
     for t in d.data["directions"]:
-        out.print(f"  #{t['iter']} {t['direction']}: {t['status']} ({records.fmt_x(t['vs_best'])} vs best)")
+        out.print(f"  #{t['iter']} {t['direction']}: {t['status']} ({fmt.speedup(t['vs_best'])} vs best)")
     out.print(f"next: {d.data['next']}")
 
 
@@ -358,7 +359,7 @@ def stop_cmd(
     if go:
         share = data.get("explained_share")
         out.print(f"stop --go recorded: iteration {best.iter} ({best.commit[:12]}) at "
-                  f"{records.fmt_x(d.data['speedup'])} vs base, target {c.target_speedup:g}x; the kernels account "
+                  f"{fmt.speedup(d.data['speedup'])} vs base, target {c.target_speedup:g}x; the kernels account "
                   f"for {'-' if share is None else f'{share:.0%}'} of the measured saving ({data['explanation']})")
     else:
         out.print(f"stop --no-go recorded: {d.data['bound']}")
@@ -404,7 +405,7 @@ def dispatch_cmd(
             emit_json({"ok": True, "rows": [r.to_dict() for r in rows], "dispatch_md": str(ws.dispatch_md)})
         else:
             for r in rows:
-                out.print(records.render_row(records.dispatch_row(r)))
+                out.print(records.render_row(opt_log.dispatch_row(r)))
         return
     _require(when=when, entry=entry, why=why)
     _no_base(bench_options, "dispatch")
@@ -463,7 +464,7 @@ def dispatch_cmd(
     if as_json:
         emit_json({"ok": True, "row": row.to_dict(), "dispatch_md": str(ws.dispatch_md)})
         return
-    out.print(f"dispatch row {row.n}: {records.render_row(records.dispatch_row(row))}")
+    out.print(f"dispatch row {row.n}: {records.render_row(opt_log.dispatch_row(row))}")
     if same is None:
         out.print(f"before `flaloop stop {op} --go`: commit the dispatch with `flaloop iter`, so that the full "
                   "shape set is measured with it")

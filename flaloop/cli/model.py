@@ -27,6 +27,7 @@ from flaloop.core.errors import UsageError
 from flaloop.modelcheck import run as run_mod
 from flaloop.modelcheck import spec as spec_mod
 from flaloop.modelcheck.run import model_config
+from flaloop.report import fmt
 from flaloop.task import contract as contract_mod
 from flaloop.task.target import Target
 
@@ -93,21 +94,17 @@ def model_cmd(
     raise typer.Exit(run_mod.exit_code(rec))
 
 
-def _x(v) -> str:
-    return "-" if v is None else f"{v:.4f}x"
-
-
 def print_model(rec: dict, console: Console) -> None:
     m, st, tr = rec["model"], rec["step"], rec["trajectory"]
     console.print(f"{rec['op']} in {m['model_class']} (B{m['batch']} T{m['seq_len']} {m['dtype']}"
                   + (", A/A" if rec["aa"] else "") + f"): {rec.get('path') or '(not kept)'}")
-    ci = f" [{st['ci_low']:.4f}, {st['ci_high']:.4f}]" if st.get("ci_low") is not None else ""
-    console.print(f"  step time: {st['verdict']} {_x(st['speedup'])}{ci} over {st['pairs']} pairs"
+    ci = f" {fmt.interval(st['ci_low'], st['ci_high'])}" if st.get("ci_low") is not None else ""
+    console.print(f"  step time: {st['verdict']} {fmt.speedup(st['speedup'])}{ci} over {st['pairs']} pairs"
                   + (f"; base {st['base_ms']:.2f} ms, candidate {st['cand_ms']:.2f} ms" if st.get("base_ms") else "")
                   + (f" ({st['reason']})" if st.get("reason") else ""))
     if st.get("op_share") is not None:
-        console.print(f"  the op's share of a step: {st['op_share']:.1%}; op speedup {_x(st['op_speedup'])} "
-                      f"({st['op_speedup_from']}) predicts {_x(st['predicted'])} for the step, measured {_x(st['speedup'])}")
+        console.print(f"  the op's share of a step: {st['op_share']:.1%}; op speedup {fmt.speedup(st['op_speedup'])} "
+                      f"({st['op_speedup_from']}) predicts {fmt.speedup(st['predicted'])} for the step, measured {fmt.speedup(st['speedup'])}")
     j = tr.get("judgement")
     if j:
         inside = "inside" if j["inside"] else "LEFT"

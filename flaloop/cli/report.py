@@ -124,9 +124,9 @@ def explain_events(console):
 
 
 def print_explanation(doc: dict) -> None:
-    from flaloop.report import markdown as report_render
+    from flaloop.report import markdown
 
-    out.print(report_render.explanation_md(doc, top=6))
+    out.print(markdown.explanation_md(doc, top=6))
     out.print(f"explanation: {doc.get('_path')}")
 
 
@@ -152,7 +152,7 @@ def report_cmd(
     """
     from flaloop.bench import roofline
     from flaloop.core.errors import UsageError
-    from flaloop.report.build import build as report_mod
+    from flaloop.report import build
     from flaloop.report.markdown import render, render_github
 
     if fmt not in ("markdown", "github"):
@@ -167,7 +167,7 @@ def report_cmd(
         family = roofline.family_for(target.op(op).registry, op)
     except Exception:  # noqa: BLE001 - no registry to read: the report says "no model"
         family = None
-    doc = report_mod.build(target, op, family=family)
+    doc = build.build(target, op, family=family)
     dest = Path(out_dir).resolve() if out_dir else target.workspace(op) / "report"
     dest.mkdir(parents=True, exist_ok=True)
     if fmt == "github":
@@ -223,6 +223,7 @@ def _sweep_findings(rec) -> dict[str, list[dict]]:
 
 def _report_sweep(where: Path, fmt: str, out_dir: str | None, as_json: bool) -> None:
     from flaloop.report.markdown import render_github_sweep
+    from flaloop.report.sweep import render_markdown
     from flaloop.sweep import record as sweep_record
 
     rec = sweep_record.read(where.resolve())
@@ -231,7 +232,7 @@ def _report_sweep(where: Path, fmt: str, out_dir: str | None, as_json: bool) -> 
     if fmt == "github":
         md, path = render_github_sweep(rec, _sweep_findings(rec)), dest / "comment.md"
     else:
-        md, path = sweep_record.render_markdown(rec), dest / "sweep.md"
+        md, path = render_markdown(rec), dest / "sweep.md"
     fsutil.atomic_write_text(path, md)
     if as_json:
         emit_json({"ok": True, "kind": "report", "sweep": rec.path, "format": fmt, "markdown": md, "path": str(path),

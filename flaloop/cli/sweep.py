@@ -48,10 +48,10 @@ from flaloop.core.errors import UsageError
 from flaloop.core.files import unique_dir
 from flaloop.modelcheck import run as modelcheck
 from flaloop.report.compare import slower_in_sweep
+from flaloop.report.sweep import table_headers, table_rows
 from flaloop.report.terminal import print_table
 from flaloop.sweep import candidates as cand_mod
 from flaloop.sweep import ops as ops_mod
-from flaloop.sweep import record as sweep_record
 from flaloop.sweep import run as sweep_run
 from flaloop.sweep.candidates import Candidate
 from flaloop.sweep.record import SweepRecord, SweepRow
@@ -65,11 +65,10 @@ EXECUTORS = ("local", "ray")
 def print_sweep(rec: SweepRecord, console: Console) -> None:
     what = f"{rec.ops[0]}: {len(rec.rows)} candidate(s)" if rec.kind == "candidates" else \
         f"{len(rec.rows)} op(s) the change touches"
-    headers = sweep_record.HEADERS if rec.kind == "candidates" else ["rank", "op", *sweep_record.HEADERS[2:]]
     table = Table(title=f"sweep of {what}, against the base {rec.base.commit[:12]}")
-    for h in headers:
+    for h in table_headers(rec):
         table.add_column(h, overflow="fold")
-    for row in sweep_record.table_rows(rec):
+    for row in table_rows(rec):
         table.add_row(*row)
     print_table(console, table)
     console.print(f"executor: {rec.executor.get('kind')} ({rec.executor.get('slots')} at a time), {rec.wall_s:.0f} s; "
@@ -302,7 +301,7 @@ def sweep_cmd(
             if rank_by == "model":
                 modelcheck.rank_sweep(target, contract, rec, on_event=_events(bar, rows),
                                       say=lambda m: console.print(escape(m)))
-                sweep_record.write(sweep_dir, rec)
+                sweep_run.save(sweep_dir, rec)
     code = fail_on_exit(sweep_run.exit_code(rec), fail_on, slower_in_sweep(rec.rows), console)
     if as_json:
         emit_json({"ok": True, **rec.to_json(), "exit_code": code})

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from flaloop.core.errors import UsageError
 from flaloop.loop import rules
-from flaloop.loop.records import env_line, fmt_cmp, fmt_x
 from flaloop.loop.store import Decision, Iteration
 from flaloop.loop.traps import Trap
+from flaloop.report import fmt
+from flaloop.report.opt_log import comparison_text, env_line
 
 SECTIONS = ("Identity", "Delta", "Lessons", "Dead-ends", "Open directions")
 
@@ -34,19 +35,19 @@ def header(contract, iters: list[Iteration], decisions: list[Decision], traps: l
     identity = [
         f"{contract.op} ({contract.import_path}.{contract.func_name}), {contract.entry_file}",
         f"flaloop iteration {n}, commit {it.commit[:12]}; base {contract.base_commit[:12]}",
-        f"vs base: {fmt_cmp(it.vs_base, link=False)} on {', '.join((it.vs_base or {}).get('shapes') or [])}",
+        f"vs base: {comparison_text(it.vs_base, link=False)} on {', '.join((it.vs_base or {}).get('shapes') or [])}",
         f"gate: {'green' if (it.gate or {}).get('green') else 'red'} "
         f"({(it.gate or {}).get('counts', {}).get('passed', 0)} passed), target {contract.target_speedup:g}x",
         f"measured on: {env_line(env, it.commit)}",
     ]
-    delta = [f"#{i.iter} {i.direction}: {fmt_x(rules.geo_speedup(i.vs_best))} vs the best before it "
+    delta = [f"#{i.iter} {i.direction}: {fmt.speedup(rules.geo_speedup(i.vs_best))} vs the best before it "
              f"({i.best_before[:12]})" for i in chain]
     lessons = [f"after #{d.after_iter}: {d.data.get('why')} -> {d.data.get('next')}"
                for d in decisions if d.kind == "reassess"]
     lessons += [f"trap: {t.title}: {t.how}" for t in traps if t.source != "flaloop catalogue"]
     dead = [f"#{i.iter} {i.direction}: {i.status} ({i.note})" for i in later if i.status != "signal"]
     judged = {rules.normalized(i.direction) for i in iters if i.status != "signal"}
-    open_dirs = [f"#{i.iter} {i.direction} (signal only: {fmt_x(rules.geo_speedup(i.vs_best))} vs best)"
+    open_dirs = [f"#{i.iter} {i.direction} (signal only: {fmt.speedup(rules.geo_speedup(i.vs_best))} vs best)"
                  for i in later if i.status == "signal" and rules.normalized(i.direction) not in judged]
     reassess = [d for d in decisions if d.kind == "reassess"]
     if reassess and not any(i.iter > reassess[-1].after_iter for i in iters):

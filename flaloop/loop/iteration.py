@@ -28,6 +28,7 @@ from flaloop.core.errors import GateRed, MeasurementError, RuleRefused, UsageErr
 from flaloop.guard.findings import BLOCK, Finding
 from flaloop.loop import records, rules, traps
 from flaloop.loop.store import Iteration, Workspace, now_iso
+from flaloop.report import opt_log
 from flaloop.task.contract import Contract
 from flaloop.task.target import Target
 
@@ -259,7 +260,7 @@ def run_iteration(target: Target, contract: Contract, ws: Workspace, hooks: Hook
 
 
 def _cmp_line(cmp: dict | None) -> str:
-    return records.fmt_cmp(cmp, link=False) if cmp else "not measured"
+    return opt_log.comparison_text(cmp, link=False) if cmp else "not measured"
 
 
 def commit_message(contract: Contract, it: Iteration, best: Iteration) -> str:
@@ -267,7 +268,7 @@ def commit_message(contract: Contract, it: Iteration, best: Iteration) -> str:
     base_line = ("same bench (the best is the base)" if it.vs_base is it.vs_best and it.vs_best
                  else _cmp_line(it.vs_base))
     return (f"flaloop iter {it.iter} [{it.status}]: {it.direction}\n\n"
-            f"Gate: {records.fmt_gate(it.gate)}\n"
+            f"Gate: {opt_log.gate_text(it.gate)}\n"
             f"Guard: {'BLOCKED' if it.guard['blocked'] else 'nothing blocking'} "
             f"({len(it.guard['findings'])} finding(s))\n"
             f"vs best (iteration {best.iter}, {best.commit[:12]}): {_cmp_line(it.vs_best)}\n"
@@ -291,11 +292,11 @@ def rewrite_logs(ws: Workspace, contract: Contract, *, restore: bool = False) ->
     the paths of edited files saved aside."""
     saved = []
     dispatch = ws.dispatch_rows()
-    text = records.render_opt_log(contract, ws.iterations(), ws.decisions(), dispatch)
+    text = opt_log.render_opt_log(contract, ws.iterations(), ws.decisions(), dispatch)
     if p := records.write_doc(ws, ws.opt_log, text, contract.op, restore=restore):
         saved.append(p)
     if dispatch or ws.dispatch_md.exists():
-        if p := records.write_doc(ws, ws.dispatch_md, records.render_dispatch(contract, dispatch), contract.op,
+        if p := records.write_doc(ws, ws.dispatch_md, opt_log.render_dispatch(contract, dispatch), contract.op,
                                   restore=restore):
             saved.append(p)
     return saved

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from flaloop import stats
 from flaloop.bench.model import l2_states
 from flaloop.loop.store import Decision, DispatchRow, Iteration
+from flaloop.report import fmt
 
 STALL_LIMIT = 3  # consecutive non-keep iterations before `iter` refuses until `reassess`
 MIN_DIRECTIONS = 3  # distinct directions tried with evidence: a stop condition
@@ -83,10 +84,6 @@ def covers(cmp: dict | None, shapes: list[str], modes: list[str]) -> bool:
 class Outcome:
     status: str
     reason: str
-
-
-def _pct(x: float) -> str:
-    return f"{x:.4f}x"
 
 
 def decide(*, gate: dict | None, guard_blocked: bool, guard_reason: str, vs_best: dict | None,
@@ -207,8 +204,8 @@ def go_missing(iters: list[Iteration], dispatch: list[DispatchRow], *, target_sp
     else:
         g = vb["geomean"]
         if g["speedup"] < target_speedup or vb["verdict"] != "FASTER":
-            out.append(("target", f"iteration {keep.iter} is {_pct(g['speedup'])} "
-                                  f"[{g['ci_low']:.4f}, {g['ci_high']:.4f}] {vb['verdict']} vs base; "
+            out.append(("target", f"iteration {keep.iter} is {fmt.speedup(g['speedup'])} "
+                                  f"{fmt.interval(g['ci_low'], g['ci_high'])} {vb['verdict']} vs base; "
                                   f"the contract's target is {target_speedup:g}x"))
         if varlen and not vb.get("varlen"):
             out.append(("varlen cells", f"the contract has --varlen, but iteration {keep.iter} measured no packed "

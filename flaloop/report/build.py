@@ -42,6 +42,8 @@ from flaloop.core.errors import UsageError
 from flaloop.diagnose import explain
 from flaloop.diagnose.sanitizer import flow as sanitize_mod
 from flaloop.modelcheck import run as modelcheck
+from flaloop.report import fmt
+from flaloop.report.cells import CellView
 from flaloop.task import contract as contract_mod
 
 WIN = ("improvement", "trade-off")
@@ -134,7 +136,7 @@ def commit_states(root: Path, commit: str) -> list[dict]:
 def describe_state(s: dict | None) -> str:
     if not s:
         return "?"
-    return f"{str(s.get('head'))[:12]}" + (f"+dirty:{s.get('diff_hash')}" if s.get("dirty") else "")
+    return fmt.tree_state(s.get("head"), s.get("dirty"), s.get("diff_hash"))
 
 
 # -- the claim ------------------------------------------------------------------------------------
@@ -306,28 +308,14 @@ def guard_evidence(record: RunRecord, claim: Claim, contract: dict) -> tuple[dic
 # -- per-cell evidence ----------------------------------------------------------------------------
 
 def cell_rows(record: RunRecord, ceilings: roofline.Ceilings | None, family: roofline.Family | None) -> list[dict]:
+    """The report's row of each cell (report/cells.CellView's dict), with its roofline reading."""
     if record.roofline is None:  # a record finished without a roofline: arithmetic on its stored numbers
         scratch = RunRecord.from_dict(record.to_dict())
         roofline.annotate(scratch, ceilings, family)
         roofs = [c.roofline for c in scratch.cells]
     else:
         roofs = [c.roofline for c in record.cells]
-    rows = []
-    for cell, roof in zip(record.cells, roofs, strict=True):
-        c, est, summ = cell.cell, cell.estimate, cell.summary.to_dict()
-        eager = summ.get("eager") or {}
-        rows.append({
-            "id": c.id, "shape_name": c.shape_name, "shape": c.shape, "mode": c.mode,
-            "dtype": c.dtype, "varlen": c.varlen, "seqlens": list(c.seqlens) if c.seqlens else None, "l2": c.l2,
-            "status": cell.status, "reason": cell.reason, "timer": cell.timer,
-            "verdict": cell.verdict, "speedup": est.speedup if est else None, "ci_low": est.ci_low if est else None,
-            "ci_high": est.ci_high if est else None, "n_pairs": est.n_pairs if est else None,
-            "device": {"base": summ.get("base"), "cand": summ.get("cand")},
-            "eager": {"base": eager.get("base"), "cand": eager.get("cand")},
-            "launch_bound": cell.launch_bound, "rounds_disagree": cell.rounds_disagree,
-            "roofline": asdict(roof) if roof else None,
-        })
-    return rows
+    return [CellView.of(cell, roof).to_dict() for cell, roof in zip(record.cells, roofs, strict=True)]
 
 
 def conclusion(geo: dict | None, rows: list[dict], claim: Claim, target: float | None) -> dict:

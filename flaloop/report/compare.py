@@ -34,6 +34,8 @@ from flaloop.bench import record as record_mod
 from flaloop.bench.model import CellResult
 from flaloop.bench.record import RunRecord
 from flaloop.core.errors import UsageError
+from flaloop.report import fmt
+from flaloop.report.cells import CellView
 
 # (record env key, what a person calls it); the device is compared on its own (see _device)
 ENV_KEYS = (("driver", "driver"), ("cuda", "CUDA"), ("torch", "PyTorch"), ("triton", "Triton"))
@@ -174,10 +176,9 @@ def machine_differences(a: RunRecord, b: RunRecord) -> list[dict]:
 
 
 def _side(c: CellResult) -> Side:
-    e, s = c.estimate, c.summary
-    return Side(speedup=e.speedup if e else None, ci_low=e.ci_low if e else None, ci_high=e.ci_high if e else None,
-                verdict=c.verdict, n_pairs=e.n_pairs if e else None,
-                base_ms=s.base.median if s.base else None, cand_ms=s.cand.median if s.cand else None)
+    v = CellView.of(c)
+    return Side(speedup=v.speedup, ci_low=v.ci_low, ci_high=v.ci_high, verdict=v.verdict, n_pairs=v.n_pairs,
+                base_ms=v.ms("base"), cand_ms=v.ms("cand"))
 
 
 def _cell_mismatch(ca: CellResult, cb: CellResult) -> str | None:
@@ -278,27 +279,20 @@ def compare(a: RunRecord, b: RunRecord) -> Comparison:
 
 def render_markdown(cmp: Comparison) -> str:
     """The comparison as a markdown table (what `compare` prints, and a pull request can take)."""
-    def f(x, spec=".4f"):
-        return "-" if x is None else format(x, spec)
-
-    def ci(lo, hi):
-        return "-" if lo is None else f"[{lo:.4f}, {hi:.4f}]"
-
     a, b = cmp.a, cmp.b
     L = [f"A: `{a['path']}` ({a['op']}, candidate {str(a['candidate'])[:12]} vs base {str(a['base'])[:12]}, {a['created']})",
          f"B: `{b['path']}` ({b['op']}, candidate {str(b['candidate'])[:12]} vs base {str(b['base'])[:12]}, {b['created']})",
-         "",
-         "| cell | A speedup | A 95% CI | A cand ms | B speedup | B 95% CI | B cand ms | B vs A | 95% CI | verdict |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for c in cmp.cells:
-        L.append(f"| {c.id} | {f(c.a.speedup)}x | {ci(c.a.ci_low, c.a.ci_high)} | {f(c.a.cand_ms)} | {f(c.b.speedup)}x | "
-                 f"{ci(c.b.ci_low, c.b.ci_high)} | {f(c.b.cand_ms)} | {f(c.ratio)}x | {ci(c.ci_low, c.ci_high)} | "
-                 f"{c.verdict or '-'} |")
+         ""]
+    L += fmt.table(["cell", "A speedup", "A 95% CI", "A cand ms", "B speedup", "B 95% CI", "B cand ms", "B vs A",
+                    "95% CI", "verdict"],
+                   [[c.id, fmt.speedup(c.a.speedup), fmt.interval(c.a.ci_low, c.a.ci_high), fmt.ms(c.a.cand_ms),
+                     fmt.speedup(c.b.speedup), fmt.interval(c.b.ci_low, c.b.ci_high), fmt.ms(c.b.cand_ms),
+                     fmt.speedup(c.ratio), fmt.interval(c.ci_low, c.ci_high), c.verdict or "-"] for c in cmp.cells])
     L.append("")
     g = cmp.geomean
     if g:
-        L.append(f"Geomean of B vs A over {g['n_cells']} paired cell(s): {g['ratio']:.4f}x, 95% CI "
-                 f"[{g['ci_low']:.4f}, {g['ci_high']:.4f}], {g['verdict']} (margin ±{cmp.margin:.1%}; above 1: B is faster).")
+        L.append(f"Geomean of B vs A over {g['n_cells']} paired cell(s): {fmt.speedup(g['ratio'])}, 95% CI "
+                 f"{fmt.interval(g['ci_low'], g['ci_high'])}, {g['verdict']} (margin ±{cmp.margin:.1%}; above 1: B is faster).")
     else:
         L.append("No interval for B vs A: " + (", ".join(sorted({c.note for c in cmp.cells if c.note})) or "no cell in common"))
     for n in cmp.notes:

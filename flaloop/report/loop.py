@@ -7,17 +7,15 @@ from rich.markup import escape
 
 from flaloop.loop import records
 from flaloop.loop.store import Iteration, Workspace
-
-STATUS_STYLE = {"keep": "bold green", "revert": "bold yellow", "noise": "yellow", "drop": "bold red",
-                "signal": "cyan"}
+from flaloop.report import fmt, opt_log
 
 
 def print_iteration(it: Iteration, ws: Workspace, console: Console) -> None:
-    style = STATUS_STYLE.get(it.status, "bold")
+    style = fmt.status_style(it.status)
     console.print(f"iteration {it.iter}: [{style}]{it.status}[/]  {escape(it.direction)}", markup=True)
     console.print(f"  {escape(it.note)}", markup=True)
-    console.print(f"  vs best ({it.best_before[:12]}): {records.fmt_cmp(it.vs_best, link=False)}")
-    console.print(f"  vs base: {records.fmt_cmp(it.vs_base, link=False)}")
+    console.print(f"  vs best ({it.best_before[:12]}): {opt_log.comparison_text(it.vs_best, link=False)}")
+    console.print(f"  vs base: {opt_log.comparison_text(it.vs_base, link=False)}")
     for f in it.guard["findings"]:
         console.print(f"  [red]guard[/] {escape(f['rule'])} {escape(f.get('where') or '')}: "
                       f"{escape(f['message'])}", markup=True)
@@ -25,7 +23,7 @@ def print_iteration(it: Iteration, ws: Workspace, console: Console) -> None:
     if it.revert_commit:
         console.print(f"  reverted in {it.revert_commit[:12]}: the tree is back at the best; the attempt stays "
                       f"in `git log`")
-    console.print(f"  row: {records.render_row(records.iteration_row(it))}")
+    console.print(f"  row: {records.render_row(opt_log.iteration_row(it))}")
     console.print(f"  log: {ws.opt_log}")
 
 
@@ -37,7 +35,7 @@ def print_status(st: dict, console: Console) -> None:
     if b:
         what = "the base" if b["status"] == "baseline" else f"iteration {b['iter']} \"{b['direction']}\""
         console.print(f"  best: {what} ({b['commit'][:12]})" +
-                      (f", {records.fmt_x(b['vs_base'])} vs base" if b["vs_base"] else ""))
+                      (f", {fmt.speedup(b['vs_base'])} vs base" if b["vs_base"] else ""))
     t = st["target"]
     if t["met"]:
         console.print(f"  target {t['speedup']:g}x: met")
@@ -49,7 +47,7 @@ def print_status(st: dict, console: Console) -> None:
                   + (" (stalled)" if s["stalled"] else ""))
     g = st["last_gate"]
     if g:
-        console.print(f"  last gate: iteration {g['iter']}: {records.fmt_gate(g)}")
+        console.print(f"  last gate: iteration {g['iter']}: {opt_log.gate_text(g)}")
     for cond in st["stop_conditions"]:
         console.print(f"  stop condition: {cond}")
     if st["stopped"]:

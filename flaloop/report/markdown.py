@@ -7,20 +7,8 @@ import os
 from pathlib import Path
 
 from flaloop.bench.evidence import contention_line
-
-
-def _f(x, spec: str = ".4f", none: str = "-") -> str:
-    return none if x is None else format(x, spec)
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{x:.1f}%"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return out
+from flaloop.report import fmt
+from flaloop.report.cells import CellView
 
 
 def _headline(doc: dict) -> str:
@@ -73,24 +61,21 @@ GITHUB_MARKER = "<!-- flaloop-report -->"  # a workflow finds (and updates) its 
 
 
 def _gh_cells(cells: list[dict]) -> list[str]:
-    """Cells (dicts with id, verdict, speedup, ci_low, ci_high; status and reason when not measured)."""
-    rows = [[f"`{c['id']}`", f"**{c.get('verdict')}**" if c.get("verdict") in ("SLOWER", "FASTER")
-             else (c.get("verdict") or c.get("status") or "-"), _f(c.get("speedup")) + ("x" if c.get("speedup") else ""),
-             f"[{_f(c.get('ci_low'))}, {_f(c.get('ci_high'))}]" if c.get("ci_low") is not None else "-"]
-            for c in cells]
-    return _table(["cell", "verdict", "speedup", "95% CI"], rows)
+    """Cells (report rows, or a sweep row's cells: id, verdict, speedup, interval; status and reason when
+    not measured)."""
+    views = map(CellView.from_dict, cells)
+    rows = [[f"`{v.id}`", fmt.verdict_md(v.verdict, v.status), fmt.speedup(v.speedup), fmt.interval(v.ci_low, v.ci_high)]
+            for v in views]
+    return fmt.table(["cell", "verdict", "speedup", "95% CI"], rows)
 
 
 def _gh_findings(findings: list[dict]) -> list[str]:
     if not findings:
         return ["Guard: no findings."]
-    return ["Guard findings:", ""] + _table(["rule", "severity", "where", "what"], [
+    return ["Guard findings:", ""] + fmt.table(["rule", "severity", "where", "what"], [
         [f"`{f.get('rule')}`", f.get("severity") or "", f.get("where") or "", (f.get("message") or "")[:300]]
         for f in findings])
 
-
-def _gh_geo(g: dict | None) -> str:
-    return "-" if not g else f"{g['speedup']:.4f}x [{g['ci_low']:.4f}, {g['ci_high']:.4f}]"
 
 
 def render_github(doc: dict) -> str:
@@ -105,8 +90,8 @@ def render_github(doc: dict) -> str:
     L += ["<details><summary><b>" + doc["op"] + "</b>: " + doc["conclusion"]["text"] + f" ({counts})</summary>", ""]
     L += _gh_cells(doc["cells"]) + [""]
     if geo:
-        L.append(f"Geomean over {s['n_measured']} cell(s): **{_gh_geo(geo)}**, worst cell `{geo.get('worst_cell_id')}` "
-                 f"{geo['worst_speedup']:.4f}x. Measured on {_device(doc['environment'])}.")
+        L.append(f"Geomean over {s['n_measured']} cell(s): **{fmt.geomean(geo)}**, worst cell `{geo.get('worst_cell_id')}` "
+                 f"{fmt.speedup(geo['worst_speedup'])}. Measured on {_device(doc['environment'])}.")
     L += ["", _test_plan(doc)[0]]  # the gate the claim stands on: green, red, a -k subset, or none
     L += [""] + _gh_findings(doc["guard"]["findings"]) + ["", "</details>", ""]
     L.append(f"_From stored records by `flaloop report {doc['op']} --format github`; nothing was re-measured._")
@@ -127,13 +112,13 @@ def render_github_sweep(rec, findings: dict[str, list[dict]] | None = None) -> s
     L = [GITHUB_MARKER, f"### flaloop: {len(rec.rows)} {what} against {base}: {tally}", ""]
     if bad:
         L += ["**" + ", ".join(f"{name(r)} {'BLOCKED' if r.status == 'blocked' else 'SLOWER'}" for r in bad) + "**", ""]
-    L += _table(["rank", "op" if rec.kind == "ops" else "candidate", "status", "verdict", "geomean (95% CI)",
+    L += fmt.table(["rank", "op" if rec.kind == "ops" else "candidate", "status", "verdict", "geomean (95% CI)",
                  "worst cell", "gate"],
-                [[str(r.rank or "-"), name(r), r.status, r.verdict or "-", _gh_geo(r.geomean),
-                  f"{r.worst_cell['id']} {r.worst_cell['speedup']:.4f}x" if r.worst_cell else "-",
+                [[str(r.rank or "-"), name(r), r.status, r.verdict or "-", fmt.geomean(r.geomean),
+                  f"{r.worst_cell['id']} {fmt.speedup(r.worst_cell['speedup'])}" if r.worst_cell else "-",
                   "-" if r.gate is None else ("green" if r.gate.get("green") else "RED")] for r in rec.rows]) + [""]
     for r in rec.rows:
-        L += [f"<details><summary><b>{name(r)}</b>: {r.status}, {r.verdict or '-'}, geomean {_gh_geo(r.geomean)}"
+        L += [f"<details><summary><b>{name(r)}</b>: {r.status}, {r.verdict or '-'}, geomean {fmt.geomean(r.geomean)}"
               "</summary>", ""]
         if r.reason:
             L += [f"{r.reason}", ""]
@@ -166,7 +151,7 @@ def _summary(doc: dict) -> str:
     parts.append(f"{s['n_measured']}/{s['n_cells']} cells measured on {_device(env)}: {s['n_faster']} FASTER, "
                  f"{s['n_same']} SAME, {s['n_slower']} SLOWER, {s['n_unsure']} UNSURE.")
     if geo:
-        parts.append(f"Worst cell {geo.get('worst_cell_id')} at {geo['worst_speedup']:.4f}x.")
+        parts.append(f"Worst cell {geo.get('worst_cell_id')} at {fmt.speedup(geo['worst_speedup'])}.")
     if (s.get("target_speedup") or 1.0) > 1.0:
         parts.append(f"Contract target {s['target_speedup']:g}x: {'met' if s['target_met'] else 'not met'}.")
     where = f"iteration {claim['iteration']} ({claim['direction']!r})" if claim["source"] == "loop" else "the working tree"
@@ -195,37 +180,36 @@ def _test_plan(doc: dict) -> list[str]:
 
 
 def _benchmark(doc: dict) -> list[str]:
-    rows, env = doc["cells"], doc["environment"]
+    views, env = [CellView.from_dict(r) for r in doc["cells"]], doc["environment"]
     out = [f"Hardware: {_device(env)}; bench command `{doc['commands']['bench']}`.", ""]
     header = ["cell", "timer", "base ms", "cand ms", "speedup", "95% CI", "verdict", "pairs", "launch-bound",
               "% of floor base -> cand", "bound"]
     body = []
-    for r in rows:
-        roof = r["roofline"] or {}
-        floor = (f"{_pct(roof.get('pct_of_floor_base'))} -> {_pct(roof.get('pct_of_floor_cand'))}"
+    for v in views:
+        roof = v.floor
+        floor = (f"{fmt.pct(roof.get('pct_of_floor_base'))} -> {fmt.pct(roof.get('pct_of_floor_cand'))}"
                  + (" **ABOVE 100%**" if roof.get("above_100") else "")) if roof.get("floor_ms") else "no model" \
             if not roof else "no ceilings"
-        body.append([r["id"], r["timer"] or "-", _f((r["device"]["base"] or {}).get("median")),
-                     _f((r["device"]["cand"] or {}).get("median")), _f(r["speedup"], ".4f") + ("x" if r["speedup"] else ""),
-                     f"[{_f(r['ci_low'])}, {_f(r['ci_high'])}]", r["verdict"] or r["status"], r["n_pairs"] or "-",
-                     "yes" if r["launch_bound"] else "no", floor, roof.get("bound") or "-"])
-    out += ["### Speedup per cell (device time)", ""] + _table(header, body) + [""]
+        body.append([v.id, v.timer or "-", fmt.ms(v.ms("base")), fmt.ms(v.ms("cand")), fmt.speedup(v.speedup),
+                     fmt.interval(v.ci_low, v.ci_high, none="[-, -]"), v.verdict or v.status, v.n_pairs or "-",
+                     "yes" if v.launch_bound else "no", floor, roof.get("bound") or "-"])
+    out += ["### Speedup per cell (device time)", ""] + fmt.table(header, body) + [""]
     for title, key in (("Device time per call (ms)", "device"), ("Eager latency per call (ms, host in the loop)", "eager")):
         stat_rows = []
-        for r in rows:
+        for v in views:
             for side in ("base", "cand"):
-                s = r[key][side]
+                s = getattr(v, key)[side]
                 if s:
-                    stat_rows.append([r["id"], side] + [_f(s.get(k)) for k in ("median", "mean", "std", "min", "p10", "p90")]
+                    stat_rows.append([v.id, side] + [fmt.num(s.get(k)) for k in ("median", "mean", "std", "min", "p10", "p90")]
                                      + [s.get("n", "-")])
         if stat_rows:
-            out += [f"### {title}", ""] + _table(["cell", "side", "median", "mean", "std", "min", "p10", "p90", "n"],
-                                                 stat_rows) + [""]
+            out += [f"### {title}", ""] + fmt.table(["cell", "side", "median", "mean", "std", "min", "p10", "p90", "n"],
+                                                    stat_rows) + [""]
     geo = doc["summary"]["geomean"]
     if geo:
         out.append(f"**Geomean speedup** (equal weight over {doc['summary']['n_measured']} cells): "
-                   f"**{geo['speedup']:.4f}x**, 95% CI [{geo['ci_low']:.4f}, {geo['ci_high']:.4f}]; worst cell "
-                   f"{geo.get('worst_cell_id')} {geo['worst_speedup']:.4f}x; {geo['n_regressions']} regression(s).")
+                   f"**{fmt.speedup(geo['speedup'])}**, 95% CI {fmt.interval(geo['ci_low'], geo['ci_high'])}; worst cell "
+                   f"{geo.get('worst_cell_id')} {fmt.speedup(geo['worst_speedup'])}; {geo['n_regressions']} regression(s).")
     cov = doc["coverage"]
     kinds = " + ".join(k for k in ("dense", "varlen") if cov[k]) or "none"
     out.append(f"Coverage: {kinds}: {len(cov['dense'])} dense cell(s), {len(cov['varlen'])} varlen cell(s) "
@@ -243,8 +227,8 @@ def _benchmark(doc: dict) -> list[str]:
     aa = doc["aa"]
     if aa and aa.get("geomean"):
         g = aa["geomean"]
-        out.append(f"A/A self-check of this base ({aa['created']}): {g['speedup']:.4f}x, 95% CI "
-                   f"[{g['ci_low']:.4f}, {g['ci_high']:.4f}] (`{aa['command']}`).")
+        out.append(f"A/A self-check of this base ({aa['created']}): {fmt.speedup(g['speedup'])}, 95% CI "
+                   f"{fmt.interval(g['ci_low'], g['ci_high'])} (`{aa['command']}`).")
     return out
 
 
@@ -305,7 +289,7 @@ def _environment(doc: dict) -> list[str]:
             ("PyTorch", env.get("torch")), ("Triton", env.get("triton")), ("TileLang", env.get("tilelang")),
             ("CuTe DSL", env.get("cutlass")), ("Python", env.get("python")), ("host", env.get("host")),
             ("CUDA_VISIBLE_DEVICES", env.get("cuda_visible_devices"))]
-    out = _table(["", ""], [[k, v] for k, v in keys if v]) + [""]
+    out = fmt.table(["", ""], [[k, v] for k, v in keys if v]) + [""]
     out.append(_clock_line("Idle before measuring", env.get("idle") or {}))
     out.append(_clock_line("During the pairs", env.get("during") or {}))
     shared = contention_line(env.get("contention"))
@@ -325,12 +309,6 @@ def _explanation(doc: dict) -> list[str]:
     return [f"From `{_rel(doc, e.get('_path'))}`.", ""] + explanation_md(e).splitlines()
 
 
-def _ms(x) -> str:
-    return "-" if x is None else f"{x:.4f}"
-
-
-def _launches(x) -> str:
-    return "-" if x is None else (f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}")
 
 
 def explanation_md(e: dict, top: int = 8) -> str:
@@ -347,12 +325,12 @@ def explanation_md(e: dict, top: int = 8) -> str:
     rows = []
     for c in e["cells"]:
         share = c.get("share")
-        rows.append([f"`{c['id']}`", c.get("verdict") or "-", _ms(c.get("base_ms")), _ms(c.get("cand_ms")),
-                     _ms(c.get("kernel_base_ms")), _ms(c.get("kernel_cand_ms")),
-                     f"{_launches(c.get('launches_base'))} -> {_launches(c.get('launches_cand'))}",
+        rows.append([f"`{c['id']}`", c.get("verdict") or "-", fmt.ms(c.get("base_ms")), fmt.ms(c.get("cand_ms")),
+                     fmt.ms(c.get("kernel_base_ms")), fmt.ms(c.get("kernel_cand_ms")),
+                     f"{fmt.launches(c.get('launches_base'))} -> {fmt.launches(c.get('launches_cand'))}",
                      "-" if share is None else f"{share:.0%} [{c['share_low']:.0%}, {c['share_high']:.0%}]",
                      "**unexplained**" if c.get("finding") else ("checked" if c.get("checked") else "-")])
-    L += _table(["cell", "verdict", "bench base ms", "bench cand ms", "kernels base ms", "kernels cand ms",
+    L += fmt.table(["cell", "verdict", "bench base ms", "bench cand ms", "kernels base ms", "kernels cand ms",
                  "launches", "share explained", ""], rows)
     t = e.get("total")
     if t:
@@ -363,9 +341,9 @@ def explanation_md(e: dict, top: int = 8) -> str:
         if not ks:
             continue
         L += ["", f"`{c['id']}`:", ""]
-        L += _table(["kernel", "base ms", "cand ms", "delta ms", "launches", "change"], [
-            [f"`{k['name'][:70]}`", _ms(k["base_ms"]), _ms(k["cand_ms"]), f"{k['delta_ms']:+.4f}",
-             f"{_launches(k['base_launches'])} -> {_launches(k['cand_launches'])}", k["change"]] for k in ks])
+        L += fmt.table(["kernel", "base ms", "cand ms", "delta ms", "launches", "change"], [
+            [f"`{k['name'][:70]}`", fmt.ms(k["base_ms"]), fmt.ms(k["cand_ms"]), f"{k['delta_ms']:+.4f}",
+             f"{fmt.launches(k['base_launches'])} -> {fmt.launches(k['cand_launches'])}", k["change"]] for k in ks])
     if e.get("findings"):
         L += ["", "**`unexplained-speedup` blocks the go:**", ""]
         L += [f"- {f.get('cell') or 'all cells'}: {f['message']}" for f in e["findings"]]
@@ -391,7 +369,7 @@ def _sanitizer(doc: dict) -> list[str]:
                 f"with the CUDA toolkit: `{(doc.get('commands') or {}).get('sanitize') or 'flaloop sanitize OP'}`."]
     ver = "compute-sanitizer " + str((z.get("sanitizer") or {}).get("version") or "?").removeprefix("Version ").split(" (")[0]
     out = [f"From `{_rel(doc, z.get('path'))}` ({ver}): one step of {len(z.get('cells') or [])} cell(s) under each "
-           f"tool, on the base and on the kept commit, in {_f(z.get('wall_s'), '.1f')} s.", ""]
+           f"tool, on the base and on the kept commit, in {fmt.num(z.get('wall_s'), '.1f')} s.", ""]
     rows = []
     for tool, e in tools.items():
         sides = e.get("sides") or {}
@@ -403,7 +381,7 @@ def _sanitizer(doc: dict) -> list[str]:
             ("**new errors**" if e.get("new") else "clean" if not e.get("pre_existing") else "pre-existing only")
         rows.append([tool, side("base", "errors"), side("cand", "errors"), status, side("base", "wall_s"),
                      side("cand", "wall_s")])
-    out += _table(["tool", "errors base", "errors cand", "", "base s", "cand s"], rows)
+    out += fmt.table(["tool", "errors base", "errors cand", "", "base s", "cand s"], rows)
     blocking = [f for f in z.get("findings") or [] if f.get("blocking")]
     if blocking:
         out += ["", "**Only the candidate has these (they block the go):**", ""]
@@ -420,11 +398,11 @@ def _in_model(doc: dict, plots: dict[str, str] | None) -> list[str]:
     spec, st, tr = m.get("model") or {}, m.get("step") or {}, m.get("trajectory") or {}
     out = [f"From `{_rel(doc, m.get('path'))}`: {spec.get('model_class')} (B{spec.get('batch')} T{spec.get('seq_len')} "
            f"{spec.get('dtype')}, `{m.get('command') or 'flaloop model ' + doc['op']}`).", ""]
-    ci = f"[{_f(st.get('ci_low'))}, {_f(st.get('ci_high'))}]"
-    out += _table(["", "base ms", "candidate ms", "speedup", "95% CI", "verdict", "pairs", "op share", "predicted"],
-                  [["training step", _f(st.get("base_ms"), ".2f"), _f(st.get("cand_ms"), ".2f"), _f(st.get("speedup")),
-                    ci, str(st.get("verdict")), str(st.get("pairs")), _pct(st.get("op_share")), _f(st.get("predicted"))]])
-    out += ["", f"The prediction is the op's speedup ({_f(st.get('op_speedup'))}x, {st.get('op_speedup_from')}) over "
+    ci = f"[{fmt.num(st.get('ci_low'))}, {fmt.num(st.get('ci_high'))}]"
+    out += fmt.table(["", "base ms", "candidate ms", "speedup", "95% CI", "verdict", "pairs", "op share", "predicted"],
+                  [["training step", fmt.num(st.get("base_ms"), ".2f"), fmt.num(st.get("cand_ms"), ".2f"), fmt.num(st.get("speedup")),
+                    ci, str(st.get("verdict")), str(st.get("pairs")), fmt.pct(st.get("op_share")), fmt.num(st.get("predicted"))]])
+    out += ["", f"The prediction is the op's speedup ({fmt.num(st.get('op_speedup'))}x, {st.get('op_speedup_from')}) over "
                 "its share of the step (Amdahl); the measured speedup is forward, backward and AdamW, device time."]
     j = tr.get("judgement") or {}
     if j:
@@ -451,10 +429,10 @@ def _profile(doc: dict) -> list[str]:
            f"(`{_rel(doc, p.get('_path'))}`):", ""]
     sides = {s: p.get(s) or {} for s in ("base", "cand")}
     what = "GPU kernel" if p.get("device") == "cuda" else "CPU op (self)"
-    out += _table(["", "base", "cand"], [
-        [f"{what} time of the step (ms)", _f(sides["base"].get("device_total_ms")), _f(sides["cand"].get("device_total_ms"))],
-        ["host wall time of the step (ms)", _f(sides["base"].get("step_wall_ms")), _f(sides["cand"].get("step_wall_ms"))],
-        ["device busy, share of host time", _pct(_share(sides["base"])), _pct(_share(sides["cand"]))],
+    out += fmt.table(["", "base", "cand"], [
+        [f"{what} time of the step (ms)", fmt.num(sides["base"].get("device_total_ms")), fmt.num(sides["cand"].get("device_total_ms"))],
+        ["host wall time of the step (ms)", fmt.num(sides["base"].get("step_wall_ms")), fmt.num(sides["cand"].get("step_wall_ms"))],
+        ["device busy, share of host time", fmt.pct(_share(sides["base"])), fmt.pct(_share(sides["cand"]))],
         ["kernel launches", sides["base"].get("n_launches", "-"), sides["cand"].get("n_launches", "-")],
     ]) + [""]
     names: list[str] = []
@@ -463,17 +441,17 @@ def _profile(doc: dict) -> list[str]:
             if k["name"] not in names:
                 names.append(k["name"])
     by = {s: {k["name"]: k for k in sides[s].get("kernels") or []} for s in sides}
-    rows = [[f"`{n[:70]}`", _f((by["base"].get(n) or {}).get("total_ms")), (by["base"].get(n) or {}).get("launches", "-"),
-             _f((by["cand"].get(n) or {}).get("total_ms")), (by["cand"].get(n) or {}).get("launches", "-")] for n in names]
-    out += _table(["kernel", "base ms", "base launches", "cand ms", "cand launches"], rows) + [""]
+    rows = [[f"`{n[:70]}`", fmt.num((by["base"].get(n) or {}).get("total_ms")), (by["base"].get(n) or {}).get("launches", "-"),
+             fmt.num((by["cand"].get(n) or {}).get("total_ms")), (by["cand"].get(n) or {}).get("launches", "-")] for n in names]
+    out += fmt.table(["kernel", "base ms", "base launches", "cand ms", "cand launches"], rows) + [""]
     out += _reading(p, by) + [""]
     ncu = p.get("ncu") or {}
     if ncu.get("available"):
         summ = ncu.get("summary") or {}
         keys = sorted({k for s in summ.values() for k in (s or {}) if k != "kernels"})
         out += ["Nsight Compute (`--set full` + PmSampling, `--set source` + SourceCounters, `--clock-control none`):", ""]
-        out += _table(["metric", "base", "cand"], [[k, _f((summ.get("base") or {}).get(k), ".1f"),
-                                                    _f((summ.get("cand") or {}).get(k), ".1f")] for k in keys])
+        out += fmt.table(["metric", "base", "cand"], [[k, fmt.num((summ.get("base") or {}).get(k), ".1f"),
+                                                    fmt.num((summ.get("cand") or {}).get(k), ".1f")] for k in keys])
     else:
         out.append(f"Nsight Compute: {ncu.get('reason') or 'not run (`flaloop profile OP --ncu`)'}.")
     return out
@@ -496,7 +474,7 @@ def _reading(p: dict, by: dict) -> list[str]:
     roof = p.get("roofline") or {}
     if roof.get("floor_ms"):
         out.append(f"Roofline of this cell ({roof['family']}): floor {roof['floor_ms']:.4f} ms, {roof['bound']}-bound; "
-                   f"base at {_pct(roof.get('pct_of_floor_base'))}, candidate at {_pct(roof.get('pct_of_floor_cand'))}.")
+                   f"base at {fmt.pct(roof.get('pct_of_floor_base'))}, candidate at {fmt.pct(roof.get('pct_of_floor_cand'))}.")
     return out
 
 
@@ -512,7 +490,7 @@ def _guard(doc: dict) -> list[str]:
     elif not g["findings"]:
         out = ["The guard ran and found nothing."]
     else:
-        out = _table(["rule", "severity", "where", "what", "allowed"],
+        out = fmt.table(["rule", "severity", "where", "what", "allowed"],
                      [[f["rule"], f.get("severity"), f.get("where") or "", f.get("message"), f.get("allowed") or ""]
                       for f in g["findings"]])
     if g["allowed"]:
@@ -522,11 +500,11 @@ def _guard(doc: dict) -> list[str]:
 
 
 def _trajectory(doc: dict) -> list[str]:
-    rows = [[t["iter"], t["status"], t["direction"] or "", _f(t["speedup"]) + ("x" if t["speedup"] else ""),
-             f"[{_f(t['ci_low'])}, {_f(t['ci_high'])}]" if t["speedup"] else "-",
+    rows = [[t["iter"], t["status"], t["direction"] or "", fmt.speedup(t["speedup"]),
+             fmt.interval(t["ci_low"], t["ci_high"]) if t["speedup"] else "-",
              {True: "green", False: "red"}.get(t["gate_green"], "-"), str(t["commit"] or "")[:10], t["note"]]
             for t in doc["trajectory"]]
-    out = _table(["iter", "status", "direction", "vs base", "95% CI", "gate", "commit", "note"], rows)
+    out = fmt.table(["iter", "status", "direction", "vs base", "95% CI", "gate", "commit", "note"], rows)
     if doc.get("opt_log"):
         out += ["", f"Full log: `{_rel(doc, doc['opt_log'])}`"]
     return out

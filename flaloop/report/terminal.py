@@ -14,6 +14,8 @@ from rich.text import Text
 from flaloop.bench.evidence import contention_line
 from flaloop.bench.record import RunRecord
 from flaloop.guard.findings import Finding
+from flaloop.report import fmt
+from flaloop.report.cells import CellView
 from flaloop.task import gate as gate_mod
 
 
@@ -49,7 +51,7 @@ def print_table(console: Console, table: Table, drop: Sequence[str] = ()) -> lis
 
 
 def print_gate(r: gate_mod.GateResult, console: Console) -> None:
-    label = "[bold green]GREEN[/]" if r.green else "[bold red]RED[/]"
+    label = f"[{fmt.GATE_STYLE[bool(r.green)]}]{'GREEN' if r.green else 'RED'}[/]"
     scope = f"  [yellow](signal only: -k {escape(repr(r.k_expr))})[/]" if r.signal_only else ""
     console.print(f"{label} gate {escape(r.op)}: {escape(r.test_file)}{scope}", markup=True)
     if r.reused_from:
@@ -83,21 +85,10 @@ def print_gate(r: gate_mod.GateResult, console: Console) -> None:
         console.print(f"  log: {r.log_path}")
 
 
-def _fmt_floor(roof) -> str:
-    """The candidate's share of the roofline floor (100% = as fast as the device can go)."""
-    if roof is None or roof.pct_of_floor_cand is None:
-        return "-"
-    return f"{roof.pct_of_floor_cand:.0f}%" + (" (>100%!)" if roof.above_100 else "")
-
-
-def _fmt_ms(summary) -> str:
-    return "-" if summary is None else f"{summary.median:.4f}"
-
-
 def tree_label(t) -> str:
     """A side of a measurement as a person names it: the ref, and the commit (HEAD + dirty for a snapshot)."""
     if t.ref == "working tree":
-        return f"{(t.head or t.commit)[:12]}" + (f"+dirty:{t.diff_hash}" if t.dirty else "")
+        return fmt.tree_state(t.head or t.commit, t.dirty, t.diff_hash)
     return f"{t.ref} ({t.commit[:12]})" if t.ref and not t.commit.startswith(t.ref) else t.commit[:12]
 
 
@@ -188,35 +179,22 @@ def print_bench(record: RunRecord, console: Console) -> None:
         # a number is shown whole or not at all; the note folds, but keeps room to be read
         table.add_column(col, no_wrap=col != "note", overflow="fold", min_width=14 if col == "note" else None)
     notes: list[tuple[str, str]] = []
-    for cell in record.cells:
-        c, est, summ = cell.cell, cell.estimate, cell.summary
-        note = cell.reason
-        if cell.launch_bound:
-            note = (note + " launch-bound (host > device)").strip()
-        if cell.timer == "cuda_eager":
-            note = (note + " eager timing (no CUDA graph)").strip()
-        if cell.rounds_disagree:
-            note = (note + " rounds differ beyond their CIs (" + ", ".join(
-                f"{r.speedup:.4f}x" for r in cell.rounds) + ")").strip()
-        if cell.tuning_differs:
-            note = (note + f" autotune picked differently for {len(cell.tuning_differs)} kernel key(s)").strip()
+    for v in map(CellView.of, record.cells):
         table.add_row(
-            c.shape_name, c.mode + ("" if c.l2 == "rotate" else f" l2-{c.l2}"), cell.timer or "-",
-            _fmt_ms(summ.base), _fmt_ms(summ.cand),
-            f"{est.speedup:.4f}x" if est else "-",
-            f"[{est.ci_low:.4f}, {est.ci_high:.4f}]" if est else "-",
-            cell.verdict or "-", f"{len(cell.pairs) - cell.dropped_pairs}/{len(cell.pairs)}",
-            _fmt_ms(summ.eager.get("base")), _fmt_ms(summ.eager.get("cand")), _fmt_floor(cell.roofline), note)
-        if note:
-            notes.append((cell.id, note))
+            v.shape_name, v.mode_label, v.timer or "-", fmt.ms(v.ms("base")), fmt.ms(v.ms("cand")),
+            fmt.speedup(v.speedup), fmt.interval(v.ci_low, v.ci_high), v.verdict or "-", v.pairs_label,
+            fmt.ms(v.ms("base", eager=True)), fmt.ms(v.ms("cand", eager=True)),
+            fmt.floor_share(v.floor.get("pct_of_floor_cand"), v.floor.get("above_100")), v.note)
+        if v.note:
+            notes.append((v.id, v.note))
     if "note" in print_table(console, table, drop=BENCH_DROP):  # then each cell's note on a line of its own
         for cell, note in notes:
             console.print(f"  {cell}: {note}")
     s = record.summary
     g = s.geomean
     if g:
-        console.print(f"geomean speedup {g.speedup:.4f}x  95% CI [{g.ci_low:.4f}, {g.ci_high:.4f}]  "
-                      f"worst {g.worst_cell_id} {g.worst_speedup:.4f}x  regressions {g.n_regressions}  "
+        console.print(f"geomean speedup {fmt.speedup(g.speedup)}  95% CI {fmt.interval(g.ci_low, g.ci_high)}  "
+                      f"worst {g.worst_cell_id} {fmt.speedup(g.worst_speedup)}  regressions {g.n_regressions}  "
                       f"({s.n_measured}/{s.n_cells} cells measured)")
     line = unseen_line(record.unseen)
     if line:
@@ -266,11 +244,11 @@ def print_findings(findings: list, console: Console, title: str = "guard finding
     explained: set[str] = set()
     for f in findings:
         if f.allowed is not None:
-            sev = Text(f"allowed: {f.allowed}", style="cyan")
+            sev = Text(f"allowed: {f.allowed}", style=fmt.SEVERITY_STYLE["allowed"])
         elif f.blocking:
-            sev = Text("BLOCK", style="bold red")
+            sev = Text("BLOCK", style=fmt.SEVERITY_STYLE["block"])
         else:
-            sev = Text(f.severity, style="yellow")
+            sev = Text(f.severity, style=fmt.SEVERITY_STYLE["warn"])
         seen = f.rule in explained
         explained.add(f.rule)
         table.add_row(f.rule, sev, f.where or "-", f.message, "(as above)" if seen else f.why,

@@ -125,10 +125,10 @@ class SweepRecord:
 
 
 def write(sweep_dir: Path, rec: SweepRecord) -> Path:
+    """sweep.json (sweep.md and sweep.png are drawn from it: report/sweep.py, report/plots.py)."""
     path = sweep_dir / "sweep.json"
     rec.path = str(path)
     fsutil.atomic_write_json(path, rec.to_dict())
-    fsutil.atomic_write_text(sweep_dir / "sweep.md", render_markdown(rec))
     return path
 
 
@@ -142,100 +142,3 @@ def read(where: Path) -> SweepRecord:
                          "name a sweep directory under profile/<op>-opt/sweeps/ (its sweep.json)") from exc
     rec.path = str(path)
     return rec
-
-
-# -- renderings -----------------------------------------------------------------------------------
-
-def fmt_geo(g: dict | None) -> str:
-    return "-" if not g else f"{g['speedup']:.4f}x [{g['ci_low']:.4f}, {g['ci_high']:.4f}]"
-
-
-def fmt_worst(w: dict | None) -> str:
-    return "-" if not w else f"{w['id']} {w['speedup']:.4f}x {w.get('verdict') or ''}".strip()
-
-
-def table_rows(rec: SweepRecord) -> list[list[str]]:
-    out = []
-    for r in rec.rows:
-        gate = "-" if r.gate is None else ("green" if r.gate.get("green") else "RED") + (
-            " (reused)" if r.gate.get("reused_from") else "")
-        out.append([str(r.rank or "-"), r.ref if rec.kind == "candidates" else r.op, r.status,
-                    r.verdict or "-", fmt_geo(r.geomean), fmt_worst(r.worst_cell), gate,
-                    r.reason if r.status != "ok" else ("SLOWER: " + ", ".join(r.slower) if r.slower else "")])
-    return out
-
-
-HEADERS = ["rank", "candidate", "status", "verdict", "geomean vs base (95% CI)", "worst cell", "gate", "note"]
-
-
-def render_markdown(rec: SweepRecord) -> str:
-    what = "candidates of " + rec.ops[0] if rec.kind == "candidates" else "ops touched by the change"
-    headers = HEADERS if rec.kind == "candidates" else ["rank", "op", *HEADERS[2:]]
-    lines = [f"# Sweep: {what}", "",
-             f"Base `{rec.base.commit}`" + (f" (`{rec.base.ref}`)" if rec.base.ref else "") + f"; {len(rec.rows)} row(s); executor "
-             f"{rec.executor.get('kind', '?')} ({rec.executor.get('slots', '?')} at a time); {rec.wall_s:.0f} s.",
-             f"Margin ±{rec.margin:.1%}. A sweep ranks; it promotes nothing: `flaloop iter OP --from-sweep "
-             f"{Path(rec.path).parent if rec.path else 'SWEEP'} REF` gates and measures a candidate again as one "
-             "iteration.", "",
-             "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
-    for row in table_rows(rec):
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-    lines.append("")
-    if rec.rank_by == "model":
-        lines += ["Ranked by the model check's step-time speedup (`flaloop model`), not the op's geomean:", ""]
-        for r in rec.rows:
-            m = r.model or {}
-            got = m.get("error") or (f"{m['speedup']:.4f}x [{m.get('ci_low') or 0:.4f}, {m.get('ci_high') or 0:.4f}] "
-                                     f"{m.get('verdict')}" if m.get("speedup") else "not checked")
-            lines.append(f"- {r.ref}: {got}" + (" (trajectory left the band)" if m.get("blocked") else ""))
-        lines.append("")
-    for r in rec.rows:
-        if not r.cells:
-            continue
-        lines += [f"## {r.ref if rec.kind == 'candidates' else r.op} ({r.status})", "",
-                  f"Commit `{r.commit}`; run record `{r.record}`; {r.host or '?'}"
-                  + (f", GPU {r.gpu}" if r.gpu is not None else "") + f"; {r.wall_s:.0f} s.", "",
-                  "| cell | speedup | 95% CI | verdict |", "| --- | --- | --- | --- |"]
-        for c in r.cells:
-            sp = "-" if c.get("speedup") is None else f"{c['speedup']:.4f}x"
-            ci = "-" if c.get("ci_low") is None else f"[{c['ci_low']:.4f}, {c['ci_high']:.4f}]"
-            lines.append(f"| {c['id']} | {sp} | {ci} | {c.get('verdict') or '-'} |")
-        lines.append("")
-    if rec.interrupted:
-        lines.append("**Interrupted**: the rows without a result were withdrawn.")
-    return "\n".join(lines) + "\n"
-
-
-def plot(rec: SweepRecord, path: Path) -> Path | None:
-    """Each measured row's geomean with its CI; blocked and failed rows named, without a point."""
-    rows = rec.rows
-    if not rows:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"FASTER": "#1a7f37", "SLOWER": "#cf222e", "SAME": "#57606a", "UNSURE": "#bf8700"}
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.6))
-    labels = []
-    for i, r in enumerate(rows):
-        y = len(rows) - 1 - i
-        name = r.ref if rec.kind == "candidates" else r.op
-        labels.append((y, name if len(name) <= 40 else "..." + name[-37:]))
-        g = r.geomean
-        if r.status == "ok" and g:
-            ax.errorbar([g["speedup"]], [y], xerr=[[g["speedup"] - g["ci_low"]], [g["ci_high"] - g["speedup"]]],
-                        fmt="o", color=colors.get(r.verdict or "", "#57606a"), capsize=4)
-        else:
-            ax.text(1.0, y, f"  {r.status.upper()}", va="center", color="#cf222e" if r.status == "blocked" else "#6e7781")
-    ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_ylim(-0.7, len(rows) - 0.3)
-    ax.set_yticks([y for y, _ in labels], [n for _, n in labels])
-    ax.set_xlabel("geomean speedup vs base (base / candidate device time), 95% CI")
-    ax.set_title(f"sweep of {', '.join(rec.ops)[:60]} against {rec.base.commit[:12]}")
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

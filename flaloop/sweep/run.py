@@ -28,6 +28,8 @@ from flaloop.core import files as fsutil
 from flaloop.core import git
 from flaloop.guard.audit import audit
 from flaloop.loop import rules
+from flaloop.report.plots import sweep_plot
+from flaloop.report.sweep import render_markdown
 from flaloop.sweep import record as sweep_record
 from flaloop.sweep.candidates import Candidate
 from flaloop.sweep.executors import Executor
@@ -196,15 +198,22 @@ def run(target, *, kind: str, entries: list[Entry], base: TreeRef, cfg: BenchCon
                 e.row.reason = "withdrawn (interrupted)" if rec.interrupted else "no result (the sweep ended first)"
         rec.rank()
         rec.wall_s = round(time.monotonic() - t0, 2)
-        sweep_record.write(sweep_dir, rec)
+        save(sweep_dir, rec)
         if stopped is not None:
             stopped.record_path = rec.path  # type: ignore[attr-defined]  # so that --json can name it
         else:
             try:
-                sweep_record.plot(rec, sweep_dir / "sweep.png")
+                sweep_plot(rec, sweep_dir / "sweep.png")
             except Exception as exc:  # noqa: BLE001 - a plot that cannot be drawn costs the plot, never the record
                 say(f"no plot: {type(exc).__name__}: {exc}")
     return rec
+
+
+def save(sweep_dir: Path, rec: SweepRecord) -> Path:
+    """sweep.json, and sweep.md drawn from it."""
+    path = sweep_record.write(sweep_dir, rec)
+    fsutil.atomic_write_text(sweep_dir / "sweep.md", render_markdown(rec))
+    return path
 
 
 def exit_code(rec: SweepRecord) -> int:
