@@ -6,9 +6,9 @@ Two forms of one UTC instant, to the second:
     now_stamp()  20261203T163353Z            run, sweep, trace and gate-log names (sorted = oldest first)
 
 `name_safe(iso)` is an ISO time without colons (`2026-12-03T163353+0000`), for the names of
-copies set aside; `stamp_of(iso)` is the stamp of a time
-already taken, so a gate's log is named by the second its record says it started.
-`local_stamp()` is the user's local time, for backups of files the user owns (SKILL.md).
+copies set aside; `stamp_of(iso)` is the stamp of a time already taken, so a gate's log is named
+by the second its record says it started. `local_stamp()` is the user's local time, for backups
+of files the user owns (SKILL.md). `parse_iso` and `parse_stamp` read both forms back.
 """
 
 from __future__ import annotations

@@ -16,12 +16,15 @@
     .lock                   the workspace lock (core/locks.py)
 
 A sweep of several ops is kept in `profile/sweeps/<stamp>/` (`shared_sweeps`). Paths inside
-records are relative to the workspace (`rel`, read back by `path_of`).
+records are relative to the workspace (`rel`, read back by `path_of`). What a command keeps only
+for itself inside a directory it was given (a worker's log and dumps in its run directory, the
+step scripts' outputs, sweep.md beside sweep.json, report.json beside REPORT.md, which `--out` may
+put anywhere) is named where it is written; every path another module reads back is named here.
 
 `clean` keeps the newest N run directories, gate logs and sweeps, and every one that an
 iteration record, OPT_LOG.md, dispatch.md or a report names; it never touches iters/, OPT_LOG.md,
 the contract, caches or baselines. A sweep removed takes its `refs/flaloop/sweeps/<stamp>/` refs
-along (the caller drops them: `removed_sweeps`).
+along (the caller drops them: `CleanPlan.removed_sweeps`).
 """
 
 from __future__ import annotations
