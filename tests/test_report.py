@@ -16,7 +16,7 @@ from conftest import commit_all, edit, flaloop, fresh_copy, git, make_toy_repo
 from flaloop.core import git as git_mod
 from flaloop.core.errors import UsageError
 from flaloop.guard.findings import Finding
-from flaloop.report.build import build as report_mod
+from flaloop.report import build as report_mod
 from flaloop.report.markdown import render, render_github
 from flaloop.report.plots import write_plots
 from flaloop.task.target import Target
