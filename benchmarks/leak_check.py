@@ -57,13 +57,13 @@ def our_processes(tmpdir: str, forkservers: bool = False) -> list[int]:
 
 
 def snapshot(target, op: str, tmpdir: str) -> dict:
-    from flaloop.core import git, workspace
+    from flaloop.core import git
 
     return {"processes": len(our_processes(tmpdir)), "fds": len(os.listdir("/proc/self/fd")),
             "threads": threading.active_count(), "worktrees": len(git.list_worktrees(target.root)),
             "tmp_entries": sum(1 for e in os.listdir(tmpdir) if e.startswith("flaloop-") and not e.startswith("flaloop-fs-")),
             "forkservers": len(our_processes(tmpdir, forkservers=True)),
-            "workspace_bytes": workspace.usage(target, op)["total"]}
+            "workspace_bytes": target.workspace(op).usage()["total"]}
 
 
 def settled(target, op: str, tmpdir: str, base: dict | None, wait_s: float = 10.0) -> dict:

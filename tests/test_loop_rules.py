@@ -9,9 +9,10 @@ import pytest
 
 from flaloop.bench.record import RunRecord
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import Workspace
 from flaloop.loop import bounds, records, rules, traps
 from flaloop.loop.condition import Condition, bucket
-from flaloop.loop.store import Decision, DispatchRow, Iteration, Workspace
+from flaloop.loop.store import Decision, DispatchRow, Iteration
 from flaloop.stats import summarize
 
 GREEN = {"green": True, "signal_only": False, "counts": {"passed": 2, "selected": 2}, "reasons": []}

@@ -12,7 +12,6 @@ Schema history: 2 (a plain dict; config names `min_sample_ms`, `setup_timeout`, 
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -20,15 +19,12 @@ from pathlib import Path
 from flaloop.bench.model import BenchConfig, CellResult
 from flaloop.core import files as fsutil
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import record_file
 from flaloop.guard.findings import Finding
 from flaloop.stats import GeomeanEstimate
 
 SCHEMA = 3
 READABLE = (2, 3)
-
-
-def now_stamp() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 def _known(cls, d: dict | None) -> dict:
@@ -195,7 +191,7 @@ class RunRecord:
 
 
 def write(run_dir: Path, record: RunRecord) -> Path:
-    path = fsutil.atomic_write_json(run_dir / "record.json", record.to_dict())
+    path = fsutil.atomic_write_json(record_file(run_dir), record.to_dict())
     record.path = str(path)
     return path
 

@@ -22,7 +22,6 @@ tests/test_roofline.py.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import re
 import subprocess
@@ -31,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flaloop import inside
+from flaloop.core import clock, procs
 from flaloop.core import files as fsutil
-from flaloop.core import procs
 from flaloop.core.errors import MeasurementError, UsageError
 
 CHUNK = 64
@@ -283,7 +282,7 @@ def measure_ceilings(python: str, device_uuid: str | None, timeout: float = 600)
         data = json.loads(out.read_text())
     if not data.get("ok"):
         raise MeasurementError(f"the ceilings probe failed: {data.get('error')}", data.get("traceback", "")[-2000:])
-    data["measured"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    data["measured"] = clock.now_iso()
     return Ceilings.from_dict(data)
 
 

@@ -19,17 +19,18 @@ from flaloop.bench.model import BenchConfig
 from flaloop.bench.plan import MeasurePlan, base_ref, plan, working_tree
 from flaloop.bench.record import RunRecord, TreeRef
 from flaloop.bench.session import Cancelled, Events
+from flaloop.core import clock, git
 from flaloop.core import files as fsutil
-from flaloop.core import git
 from flaloop.core.errors import MeasurementError, StorageError
+from flaloop.core.workspace import Workspace
 from flaloop.guard.audit import audit
 from flaloop.task.gate import last_gate_for
 
 
-def triton_cache(workspace: Path) -> Path:
+def triton_cache(ws: Workspace) -> Path:
     """Persistent under the workspace, shared by both sides and every run of the op
     (`$FLALOOP_TRITON_CACHE_DIR` overrides it)."""
-    return Path(os.environ.get("FLALOOP_TRITON_CACHE_DIR") or workspace / "triton-cache")
+    return Path(os.environ.get("FLALOOP_TRITON_CACHE_DIR") or ws.triton_cache)
 
 
 def plan_working_tree(target, contract, *, base: str | None, shapes: list[str] | None, cfg: BenchConfig,
@@ -54,12 +55,12 @@ def gated_by_loop(target, op: str, tree: dict) -> dict | None:
     then commits it, so the recorded gate's tree state (dirty, on the commit before) is not this one,
     though its code is."""
     from flaloop.core.errors import FlaloopError
-    from flaloop.loop.store import Workspace
+    from flaloop.loop import store
 
     if tree.get("dirty") or not tree.get("head"):
         return None
     try:
-        iters = Workspace(target.workspace(op)).iterations()
+        iters = store.iterations(target.workspace(op))
     except FlaloopError:
         return None
     it = next((i for i in reversed(iters) if i.commit == tree["head"] and i.gate), None)
@@ -75,9 +76,9 @@ def run_plan(target, p: MeasurePlan, *, on_event: Events | None = None, gpu: str
     """Measure a plan on this machine and keep its record (also of a run cut short, or one whose workers
     failed after they answered: then `exc.record_path` names it)."""
     ws = target.workspace(p.op)
-    created = record_mod.now_stamp()
+    created = clock.now_stamp()
     # its own directory, even when another run of this op started within the same second
-    run_dir = run_dir or fsutil.unique_dir(ws / "runs", f"{created}-{p.label}")
+    run_dir = run_dir or fsutil.unique_dir(ws.runs, f"{created}-{p.label}")
     try:
         m = measure(p, repo=target.root, run_dir=run_dir, triton_cache=triton_cache(ws), gpu=gpu,
                     on_event=on_event, cancel=cancel)

@@ -33,7 +33,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -42,8 +41,8 @@ import typer
 
 from flaloop.cli.agent_tools import DETAIL, LOOP_COMMANDS, compact, meaning, tool_specs
 from flaloop.cli.app import JsonOpt, app, command, emit_json, human
+from flaloop.core import clock, procs
 from flaloop.core import files as fsutil
-from flaloop.core import procs
 from flaloop.core.errors import UsageError
 
 INTERRUPT_GRACE_S = 60.0  # flaloop's own Ctrl-C cleanup: workers, pytest, worktrees, the run record so far
@@ -317,7 +316,7 @@ def skill_cmd(
             raise UsageError(f"{dest} exists and is not flaloop's SKILL.md",
                              "compare them; rerun with --force to replace it (yours is kept as a .bak file)")
         else:
-            backup = dest.with_name(f"SKILL.md.{time.strftime('%Y%m%dT%H%M%S')}.bak")
+            backup = dest.with_name(f"SKILL.md.{clock.local_stamp()}.bak")
             fsutil.atomic_write_text(backup, old)
             state = "replaced"
     if state != "unchanged":

@@ -459,7 +459,7 @@ class LockOptions:
     def hold(self, target, op: str, console: Console, command: str) -> Iterator[locks.Holder]:
         """Hold the op's workspace for the block (see flaloop.core.locks), after removing the worktrees
         that killed flaloop runs left behind, and saying so."""
-        rel = os.path.relpath(target.workspace(op), target.root) + "/"
+        rel = os.path.relpath(target.workspace(op).path, target.root) + "/"
         with locks.workspace_lock(target, op, wait=not self.no_wait, command=command,
                                   on_wait=lambda h: console.print(locks.waiting_message(h, rel))) as me:
             for pid, path in git.reap_stale_worktrees(target.root):

@@ -41,15 +41,16 @@ from flaloop.cli.measure import (
     sanitize_record,
 )
 from flaloop.cli.report import explain_events
-from flaloop.core import git, workspace
+from flaloop.core import clock, git
 from flaloop.core.errors import GateRed, MeasurementError, RuleRefused, UsageError
+from flaloop.core.workspace import Workspace
 from flaloop.diagnose import explain
 from flaloop.diagnose.sanitizer import flow as sanitize_mod
-from flaloop.loop import bounds, iteration, records, rules
+from flaloop.loop import bounds, iteration, records, rules, store
 from flaloop.loop import condition as cond_mod
 from flaloop.loop import header as header_mod
 from flaloop.loop import traps as traps_mod
-from flaloop.loop.store import Decision, DispatchRow, Workspace, now_iso
+from flaloop.loop.store import Decision, DispatchRow
 from flaloop.modelcheck import run as modelcheck
 from flaloop.report import fmt, opt_log
 from flaloop.report.loop import print_iteration, print_status
@@ -64,7 +65,7 @@ EXIT = {"keep": 0, "noise": 0, "revert": 0, "signal": 0, "baseline": 0}
 def _setup(op: str, repo: str | None, python: str | None) -> tuple[Target, Contract, Workspace]:
     target = Target.discover(repo, python)
     c = Contract.load(target, op)
-    return target, c, Workspace(target.workspace(op))
+    return target, c, target.workspace(op)
 
 
 def _command_line() -> str:
@@ -221,7 +222,7 @@ def _require(**texts: str | None) -> None:
 
 
 def _checked_log(ws: Workspace, c: Contract):
-    iters = ws.iterations()
+    iters = store.iterations(ws)
     if rules.baseline_of(iters) is None:
         raise UsageError(f"no baseline for {c.op} yet", f"run `flaloop baseline {c.op}` first")
     edits = records.check_doc(ws, ws.opt_log)
@@ -247,13 +248,13 @@ def reassess_cmd(
     target, c, ws = _setup(op, repo, python)
     with lock_options.hold(target, op, human(as_json), "reassess"):
         iters = _checked_log(ws, c)
-        decisions = ws.decisions()
+        decisions = store.decisions(ws)
         stall = rules.stall_count(iters, decisions)
         d = Decision(n=max((x.n for x in decisions), default=0) + 1, kind="reassess",
-                     after_iter=max(i.iter for i in iters), created=now_iso(),
+                     after_iter=max(i.iter for i in iters), created=clock.now_iso(),
                      data={"profiled": profiled.strip(), "tried": tried.strip(), "next": next_.strip(),
                            "why": why.strip(), "directions": rules.tried(iters), "stall_before": stall})
-        ws.save_decision(d)
+        store.save_decision(ws, d)
         iteration.rewrite_logs(ws, c)
     if as_json:
         emit_json({"ok": True, "decision": d.to_dict(), "opt_log": str(ws.opt_log)})
@@ -293,11 +294,11 @@ def stop_cmd(
     in_model: dict | None = None
     checked = None
     with lock_options.hold(target, op, console, "stop"):
-        iters = ws.iterations()
+        iters = store.iterations(ws)
         if rules.baseline_of(iters) is not None and (edits := records.check_doc(ws, ws.opt_log)):
             raise records.HandEdited(ws.opt_log, c.op, edits)
         if go:
-            missing = rules.go_missing(iters, ws.dispatch_rows(), target_speedup=c.target_speedup, shapes=c.shapes,
+            missing = rules.go_missing(iters, store.dispatch_rows(ws), target_speedup=c.target_speedup, shapes=c.shapes,
                                        modes=c.modes, varlen=c.varlen, l2=c.l2)
             if not missing:
                 console.print("the go needs kernels that explain the win: the kept iteration against the base ...")
@@ -314,7 +315,7 @@ def stop_cmd(
                 in_model = modelcheck.for_go(target, c, rules.best(iters), command=_command_line())
                 missing = modelcheck.go_missing(in_model)
         else:
-            checked = bounds.check(ws.path, iters, bound, c.target_speedup)
+            checked = bounds.check(ws, iters, bound, c.target_speedup)
             missing = rules.no_go_missing(iters, checked)
         verdict = "go" if go else "no-go"
         if missing:
@@ -329,7 +330,7 @@ def stop_cmd(
                 raise typer.Exit(1)
             raise RuleRefused(msg, "`flaloop status` shows where the loop stands")
         best = rules.best(iters)
-        decisions = ws.decisions()
+        decisions = store.decisions(ws)
         data = {"verdict": verdict, "bound": checked.text if checked else None, "iter": best.iter,
                 "commit": best.commit, "speedup": rules.speedup_vs_base(best),
                 "target": c.target_speedup, "conditions": rules.stop_conditions(iters, c.max_iters),
@@ -350,8 +351,8 @@ def stop_cmd(
             data["explanation"] = ws.rel(explanation["_path"])
             data["explained_share"] = (explanation.get("total") or {}).get("share")
         d = Decision(n=max((x.n for x in decisions), default=0) + 1, kind="stop",
-                     after_iter=max(i.iter for i in iters), created=now_iso(), data=data)
-        ws.save_decision(d)
+                     after_iter=max(i.iter for i in iters), created=clock.now_iso(), data=data)
+        store.save_decision(ws, d)
         iteration.rewrite_logs(ws, c)
     if as_json:
         emit_json({"ok": True, "decision": d.to_dict(), "opt_log": str(ws.opt_log), "explanation": explanation})
@@ -400,7 +401,7 @@ def dispatch_cmd(
         raise UsageError(f"unknown dispatch action {action!r}", "`flaloop dispatch add OP` or `flaloop dispatch list OP`")
     target, c, ws = _setup(op, repo, python)
     if action == "list":
-        rows = ws.dispatch_rows()
+        rows = store.dispatch_rows(ws)
         if as_json:
             emit_json({"ok": True, "rows": [r.to_dict() for r in rows], "dispatch_md": str(ws.dispatch_md)})
         else:
@@ -452,14 +453,14 @@ def dispatch_cmd(
         # a kept tree ran without the candidate's variables: its measurement is not this one
         same = best.iter if best.status == "keep" and not cand.dirty and not cand_env and git.same_tree(
             target.root, cand.head or cand.commit, best.commit) else None
-        rows = ws.dispatch_rows()
+        rows = store.dispatch_rows(ws)
         row = DispatchRow(
             n=max((r.n for r in rows), default=0) + 1, condition=cond.text, entry=entry, why=(why or "").strip(),
             shapes=shapes, vs_base=cmp, latency=[{"id": x["id"], "base_ms": x["base_ms"], "cand_ms": x["cand_ms"]}
                                                  for x in cmp["cells"]],
             tree={"head": cand.head, "dirty": cand.dirty, "diff_hash": cand.diff_hash},
-            after_iter=max(i.iter for i in iters), created=now_iso(), same_as_iter=same, cand_env=cand_env)
-        ws.save_dispatch(row)
+            after_iter=max(i.iter for i in iters), created=clock.now_iso(), same_as_iter=same, cand_env=cand_env)
+        store.save_dispatch(ws, row)
         iteration.rewrite_logs(ws, c)
     if as_json:
         emit_json({"ok": True, "row": row.to_dict(), "dispatch_md": str(ws.dispatch_md)})
@@ -490,8 +491,8 @@ def trap_cmd(
         raise UsageError(f"unknown trap action {action!r}", "use `flaloop trap add OP --fact ... --why ... --how ...`")
     _require(fact=fact, why=why, how=how)
     target, c, ws = _setup(op, repo, python)
-    last = max((i.iter for i in ws.iterations()), default=None)
-    source = f"added on {now_iso()[:10]}" + (f" after iteration {last}" if last is not None else "")
+    last = max((i.iter for i in store.iterations(ws)), default=None)
+    source = f"added on {clock.today()}" + (f" after iteration {last}" if last is not None else "")
     name = (title or "").strip() or _short_title(fact)
     with lock_options.hold(target, op, human(as_json), "trap"):
         n = traps_mod.add(ws, op, traps_mod.Trap(name, fact.strip(), why.strip(), how.strip(), source))
@@ -516,7 +517,7 @@ def header_cmd(
     """Print the kept kernel's header: Identity, Delta, Lessons, Dead-ends, Open directions."""
     target, c, ws = _setup(op, repo, python)
     found = traps_mod.parse_traps(ws.traps_md.read_text()) if ws.traps_md.exists() else []
-    sections = header_mod.header(c, ws.iterations(), ws.decisions(), found, iter_n)
+    sections = header_mod.header(c, store.iterations(ws), store.decisions(ws), found, iter_n)
     if as_json:
         emit_json({"ok": True, "iter": iter_n, "sections": sections, "text": header_mod.render(sections)})
         return
@@ -528,11 +529,11 @@ def header_cmd(
 def status_cmd(op: str, repo: RepoOpt = None, python: PyOpt = None, as_json: JsonOpt = False) -> None:
     """Where the loop stands: phase, iterations, best, stall counter, last gate, target, next command."""
     target, c, ws = _setup(op, repo, python)
-    st = rules.state(ws.iterations(), ws.decisions(), ws.dispatch_rows(), op=op, target_speedup=c.target_speedup,
+    st = rules.state(store.iterations(ws), store.decisions(ws), store.dispatch_rows(ws), op=op, target_speedup=c.target_speedup,
                      max_iters=c.max_iters, shapes=c.shapes, modes=c.modes, varlen=c.varlen, l2=c.l2)
     edits = records.check_doc(ws, ws.opt_log)
     doc = {"ok": True, "op": op, **st, "opt_log": {"path": str(ws.opt_log), "hand_edits": [e.to_dict() for e in edits]},
-           "workspace": {"path": str(ws.path), "usage": workspace.usage(target, op)}}
+           "workspace": {"path": str(ws.path), "usage": ws.usage()}}
     if as_json:
         emit_json(doc)
         return

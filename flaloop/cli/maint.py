@@ -34,21 +34,22 @@ def clean_cmd(
     again with the next bench); other checkouts' are left alone."""
     target = Target.discover(repo, python)
     console = human(as_json)
-    if not target.workspace(op).is_dir():  # before the lock, which would create the workspace
-        workspace.plan_clean(target, op, keep)
+    ws = target.workspace(op)
+    if not ws.exists():  # before the lock, which would create the workspace
+        ws.plan_clean(keep)
     with lock_options.hold(target, op, console, "clean"):
-        before = workspace.usage(target, op)
-        plan = workspace.clean(target, op, keep, dry_run)
+        before = ws.usage()
+        plan = ws.clean(keep, dry_run)
         refs = 0 if dry_run else sum(git.drop_refs(target.root, f"sweeps/{stamp}/")
-                                     for stamp in workspace.removed_sweeps(plan))
-        after = workspace.usage(target, op)
+                                     for stamp in plan.removed_sweeps())
+        after = ws.usage()
     stopped = 0 if dry_run else forkservers.stop_all(owner=str(target.root))
     if as_json:
         emit_json({"ok": True, "op": op, "dry_run": dry_run, **plan.to_dict(), "usage_before": before,
                    "usage": after, "forkservers_stopped": stopped, "refs_dropped": refs})
         return
     verb = "would remove" if dry_run else "removed"
-    n_sweeps = len(workspace.removed_sweeps(plan))
+    n_sweeps = len(plan.removed_sweeps())
     console.print(f"{verb} {len(plan.removed) - n_sweeps} run record(s) and gate log(s)"
                   + (f" and {n_sweeps} sweep(s)" if n_sweeps else "") + f" ({_mb(plan.freed_bytes)}); "
                   f"kept {len(plan.kept)}, {len(plan.cited)} of them cited by an iteration or the report")

@@ -12,6 +12,7 @@ import typer
 from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, command_line, emit_json, err, human, out
 from flaloop.core import files as fsutil
 from flaloop.core.errors import FlaloopError
+from flaloop.core.workspace import REPORT_FILE
 from flaloop.task import contract as contract_mod
 from flaloop.task.target import Target
 
@@ -91,12 +92,11 @@ def explain_cmd(
     """Profile every measured cell of a kept iteration against the base: which kernels explain the win."""
     from flaloop.core.errors import UsageError
     from flaloop.diagnose import explain
-    from flaloop.loop import rules
-    from flaloop.loop.store import Workspace
+    from flaloop.loop import rules, store
 
     target = Target.discover(repo, python)
     c = contract_mod.Contract.load(target, op)
-    iters = Workspace(target.workspace(op)).iterations()
+    iters = store.iterations(target.workspace(op))
     it = rules.best(iters) if iter_n is None else next((i for i in iters if i.iter == iter_n), None)
     if it is None or it.status != "keep":
         raise UsageError(f"no kept iteration {'to explain' if iter_n is None else iter_n}",
@@ -168,7 +168,7 @@ def report_cmd(
     except Exception:  # noqa: BLE001 - no registry to read: the report says "no model"
         family = None
     doc = build.build(target, op, family=family)
-    dest = Path(out_dir).resolve() if out_dir else target.workspace(op) / "report"
+    dest = Path(out_dir).resolve() if out_dir else target.workspace(op).report
     dest.mkdir(parents=True, exist_ok=True)
     if fmt == "github":
         md = render_github(doc)
@@ -186,8 +186,8 @@ def report_cmd(
 
         plots = write_plots(doc, dest)
     md = render(doc, plots)
-    fsutil.atomic_write_text(dest / "REPORT.md", md)
-    doc["files"] = {"markdown": str(dest / "REPORT.md"), "json": str(dest / "report.json"), "plots": plots}
+    fsutil.atomic_write_text(dest / REPORT_FILE, md)
+    doc["files"] = {"markdown": str(dest / REPORT_FILE), "json": str(dest / "report.json"), "plots": plots}
     fsutil.atomic_write_json(dest / "report.json", doc)
     console = human(as_json)
     if as_json:
@@ -202,7 +202,7 @@ def report_cmd(
     console.print(f"stands on: {recs['claim']} ({recs['claim_complete']})"
                   + (f"; newer interrupted or partial record(s) not used: {', '.join(recs['skipped'])}"
                      if recs["skipped"] else ""))
-    console.print(f"report: {dest / 'REPORT.md'}")
+    console.print(f"report: {dest / REPORT_FILE}")
     raise typer.Exit(0 if doc["claim_ok"] else 1)
 
 

@@ -11,10 +11,9 @@ from rich.table import Table
 
 from flaloop.bench import model as model_mod
 from flaloop.cli.app import LIST, JsonOpt, LockOptions, PyOpt, RepoOpt, app, command, human, out, with_options
-from flaloop.core import git
+from flaloop.core import clock, git
 from flaloop.core.errors import UsageError
-from flaloop.loop import rules
-from flaloop.loop.store import Workspace, now_iso
+from flaloop.loop import rules, store
 from flaloop.report.terminal import print_table
 from flaloop.task import contract as contract_mod
 from flaloop.task.target import Target
@@ -76,8 +75,8 @@ def init_cmd(
     if keep_base and new_loop:
         raise UsageError("--keep-base and --new-loop say opposite things about the base", "choose one")
     shape_list = [s for item in (shapes or []) for s in item.split(",") if s]
-    ws = Workspace(target.workspace(op))
-    loop_base = rules.baseline_of(ws.iterations()) if force else None
+    ws = target.workspace(op)
+    loop_base = rules.baseline_of(store.iterations(ws)) if force else None
     if keep_base and loop_base is not None:
         if base is not None and git.resolve_ref(target.root, base) != loop_base.commit:
             raise UsageError(f"--keep-base keeps the loop's base {loop_base.commit[:12]}, but --base {base} is "
@@ -98,7 +97,7 @@ def init_cmd(
                     f"{c.base_commit[:12]} ({base}), and every figure of the loop is against the old one",
                     "add --keep-base to keep the loop's base (the loop goes on), or --new-loop to move the base "
                     "and start a new loop (the old one is archived)")
-            archived = ws.archive(now_iso().replace(":", ""))
+            archived = ws.archive_loop(clock.name_safe(clock.now_iso()))
         cpath, dpath = contract_mod.write(target, c, force)
     moved = (f"the base moved from {loop_base.commit[:12]} to {c.base_commit[:12]}: a new loop starts (run "
              f"`flaloop baseline {op}`); the old loop's log and records are in {archived}") if archived else None

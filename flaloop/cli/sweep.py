@@ -23,7 +23,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from flaloop.bench.plan import base_ref, tree_ref, working_tree
-from flaloop.bench.record import now_stamp
 from flaloop.bench.run import triton_cache
 from flaloop.cli.app import (
     LIST,
@@ -43,7 +42,7 @@ from flaloop.cli.app import (
     with_options,
 )
 from flaloop.cli.measure import BenchOptions, parse_gpus
-from flaloop.core import git, locks
+from flaloop.core import clock, git, locks
 from flaloop.core.errors import UsageError
 from flaloop.core.files import unique_dir
 from flaloop.modelcheck import run as modelcheck
@@ -250,7 +249,7 @@ def sweep_cmd(
     root_dir = sweep_run.sweeps_dir(target, op if ops is None else None)
     git.ensure_ignored(target.root, os.path.relpath(root_dir, target.root))
     # the sweep's directory first: its name is the stamp its candidates' refs are kept under
-    sweep_dir = unique_dir(root_dir, now_stamp())
+    sweep_dir = unique_dir(root_dir, clock.now_stamp())
     try:
         if ops is None:
             contract, base, entries = _candidate_entries(target, op, refs, patches, bench_options, max_candidates,

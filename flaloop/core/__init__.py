@@ -1,1 +1,1 @@
-"""Plain utilities every part uses: errors, processes, locks, files, git, the workspace."""
+"""Plain utilities every part uses: errors, processes, locks, files, git, the workspace, the clock."""

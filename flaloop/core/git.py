@@ -8,7 +8,6 @@ error and Ctrl-C alike (`worktree()` is a context manager).
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import hashlib
 import os
 import re
@@ -21,8 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from flaloop.core import clock, procs
 from flaloop.core import files as fsutil
-from flaloop.core import procs
 from flaloop.core.errors import UsageError
 
 # FLA's conftest stops NaN-poisoning for any frame whose file path contains these, so no
@@ -202,7 +201,7 @@ def worktree(root: Path, commit: str, name: str = "base") -> Iterator[Path]:
 
 
 def lock_reason() -> str:
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    started = clock.now_iso()
     return f"flaloop pid={os.getpid()} host={socket.gethostname()} started={started}"
 
 

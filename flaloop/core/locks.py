@@ -17,7 +17,6 @@ keep the lock either.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import errno
 import fcntl
 import json
@@ -25,13 +24,12 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
+from flaloop.core import clock, git
 from flaloop.core import files as fsutil
-from flaloop.core import git
 from flaloop.core.errors import Busy
+from flaloop.core.workspace import Workspace
 
-LOCK_NAME = ".lock"
 # Locks this process holds. flock conflicts between two descriptors of one process, so taking a
 # held lock again would wait for ourselves forever; nested use is allowed instead.
 _HELD: dict[str, Holder] = {}
@@ -70,26 +68,26 @@ def workspace_lock(target, op: str, wait: bool = True, command: str | None = Non
     The workspace is made (and git-ignored) when it does not exist yet.
     """
     ws = target.workspace(op)
-    if not ws.exists():  # git ignores the workspace before anything lands in it
-        git.ensure_ignored(target.root, os.path.relpath(ws, target.root))
-    with lock_dir(ws, wait, command, on_wait, label=os.path.relpath(ws, target.root) + "/") as me:
+    if not ws.path.exists():  # git ignores the workspace before anything lands in it
+        git.ensure_ignored(target.root, os.path.relpath(ws.path, target.root))
+    with lock_dir(ws, wait, command, on_wait, label=os.path.relpath(ws.path, target.root) + "/") as me:
         yield me
 
 
 @contextlib.contextmanager
-def lock_dir(ws: Path, wait: bool = True, command: str | None = None,
+def lock_dir(ws: Workspace, wait: bool = True, command: str | None = None,
              on_wait: Callable[[Holder], None] | None = None, label: str | None = None,
              busy_hint: str = "wait for it to finish, or rerun without --no-wait to queue behind it",
              ) -> Iterator[Holder]:
-    """`workspace_lock` for a workspace directory given by path (`label`: how messages name it)."""
-    path = ws / LOCK_NAME
-    label = label or f"{ws.name}/"
+    """`workspace_lock` for a workspace given as one (`label`: how messages name it)."""
+    path = ws.lock_file
+    label = label or f"{ws.path.name}/"
     key = os.path.realpath(path)
     if key in _HELD:  # nested in this process (a command calling another's code): already ours
         yield _HELD[key]
         return
     try:
-        ws.mkdir(parents=True, exist_ok=True)
+        ws.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise fsutil.storage_error(exc, path) from exc
@@ -105,8 +103,7 @@ def lock_dir(ws: Path, wait: bool = True, command: str | None = None,
             if on_wait is not None:
                 on_wait(holder)
             fcntl.flock(fd, fcntl.LOCK_EX)  # an interrupt while waiting raises here, as it should
-        me = Holder(os.getpid(), socket.gethostname(), command,
-                    _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        me = Holder(os.getpid(), socket.gethostname(), command, clock.now_iso())
         with contextlib.suppress(OSError):  # the info is a courtesy; the flock is the lock
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(asdict(me)).encode(), 0)

@@ -50,9 +50,10 @@ from pathlib import Path
 from flaloop import inside
 from flaloop.bench import model as model_mod
 from flaloop.bench import record as record_mod
+from flaloop.core import clock, git
 from flaloop.core import files as fsutil
-from flaloop.core import git
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import EXPLAIN_FILE, Workspace
 from flaloop.diagnose import profile as profiling
 from flaloop.guard import catalogue
 from flaloop.guard.findings import BLOCK, Finding
@@ -315,14 +316,10 @@ def account(profiled: dict, vs_cells: list[dict], margin: float = 0.005) -> dict
 
 # -- taking the profile ------------------------------------------------------------------------------
 
-def directory(ws: Path) -> Path:
-    return ws / "explain"
-
-
-def latest(ws: Path, base_commit: str, cand_commit: str, record: str | None = None) -> dict | None:
+def latest(ws: Workspace, base_commit: str, cand_commit: str, record: str | None = None) -> dict | None:
     """The newest explanation of this base and candidate commit (and vs-base record, when given)."""
     found = []
-    for p in sorted(directory(ws).glob("*/explain.json")):
+    for p in ws.explain_docs():
         try:
             doc = json.loads(p.read_text())
         except (OSError, ValueError):
@@ -361,13 +358,13 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
         raise UsageError(f"iteration {iteration.iter} has no measurement against the base to explain",
                          "keep an iteration first (`flaloop iter`)")
     ws = target.workspace(contract.op)
-    rec_path = Path(vs["record"]) if Path(vs["record"]).is_absolute() else ws / vs["record"]
+    rec_path = ws.path_of(vs["record"])
     rec = record_mod.read(rec_path)
     cells = [model_mod.Cell.from_dict(c.cell.to_dict()) for c in rec.cells if c.status == "ok"]
     cfg = model_mod.BenchConfig(inputs=dict(rec.config.inputs or {}), seed=rec.config.seed, sample_ms=1.0)
     wires = [c.to_wire(cfg, 1, "eager") for c in cells]
-    stamp = record_mod.now_stamp()
-    out = directory(ws) / stamp
+    stamp = clock.now_stamp()
+    out = ws.explain / stamp
     out.mkdir(parents=True, exist_ok=True)
     env = profiling.step_env(ws)
     base_commit, cand_commit = vs.get("base_commit") or contract.base_commit, iteration.commit
@@ -394,8 +391,8 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
            "kernels_are": "CUDA kernels" if sides["cand"][0].get("device") == "cuda" else
            "host work (no GPU): Triton kernels run by the interpreter, CPU operators and host time outside them",
            **account(profiled, vs.get("cells") or [], vs.get("margin") or 0.005)}
-    fsutil.atomic_write_json(out / "explain.json", doc)
-    return {**doc, "_path": str(out / "explain.json")}
+    fsutil.atomic_write_json(out / EXPLAIN_FILE, doc)
+    return {**doc, "_path": str(out / EXPLAIN_FILE)}
 
 
 def for_go(target, contract, iteration, *, steps: int = DEFAULT_STEPS, on_event=None, command: str = "") -> dict:

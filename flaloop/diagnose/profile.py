@@ -28,10 +28,10 @@ from pathlib import Path
 from flaloop import inside
 from flaloop.bench import model as model_mod
 from flaloop.bench import roofline
-from flaloop.bench.record import now_stamp
+from flaloop.core import clock, git, procs
 from flaloop.core import files as fsutil
-from flaloop.core import git, procs
 from flaloop.core.errors import MeasurementError, UsageError
+from flaloop.core.workspace import PROFILE_FILE, Workspace
 
 SCRIPT = inside.script("profile_step.py")
 NCU_SETS = {
@@ -60,13 +60,13 @@ def pick_cell(target, contract, shape: str | None, mode: str | None) -> model_mo
     return model_mod.make_cells(target.shape_configs(spec), [name], [m], "bfloat16", False)[0]
 
 
-def step_env(ws: Path) -> dict:
+def step_env(ws: Workspace) -> dict:
     """The environment of a step script (profile, explain, sanitize): the workspace's Triton cache
     and the bench's shared autotuning picks, so the step runs the configs the bench measured. The
     script runs under ncu or compute-sanitizer, a grandchild: its lifeline watches this process."""
     env = dict(os.environ)
     env["FLALOOP_LIFELINE_PID"] = str(os.getpid())
-    env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(ws / "triton-cache")
+    env["TRITON_CACHE_DIR"] = env.get("FLALOOP_TRITON_CACHE_DIR") or str(ws.triton_cache)
     env["TRITON_CACHE_AUTOTUNING"] = "1"  # the bench's shared picks: the profiled step runs the same configs
     return env
 
@@ -220,8 +220,8 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
     cell = pick_cell(target, contract, shape, mode)
     wire = cell.to_wire(model_mod.BenchConfig(inputs=dict(contract.input_overrides), sample_ms=1.0), 1, "eager")
     ws = target.workspace(contract.op)
-    stamp = now_stamp()
-    out = ws / "trace" / stamp
+    stamp = clock.now_stamp()
+    out = ws.trace / stamp
     out.mkdir(parents=True, exist_ok=True)
     env = step_env(ws)
     state = git.tree_state(target.root)
@@ -249,8 +249,8 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
             else:
                 say("ncu")
                 # the torch.profiler reading is kept even if Nsight Compute (minutes) is cut short
-                fsutil.atomic_write_json(out / "profile.json", {**doc, "ncu": {"available": True, "reason": "running"},
-                                                                  "path": str(out / "profile.json")})
+                fsutil.atomic_write_json(out / PROFILE_FILE, {**doc, "ncu": {"available": True, "reason": "running"},
+                                                                  "path": str(out / PROFILE_FILE)})
                 doc["ncu"] = run_ncu(path, target.python, trees, registry, contract.op, wire, out, env, device)
         else:
             doc["ncu"] = {"available": False, "reason": "not requested (--ncu)"}
@@ -273,6 +273,6 @@ def profile(target, contract, *, shape: str | None = None, mode: str | None = No
         doc["roofline"] = roof
     else:
         doc["roofline"] = None
-    doc["path"] = str(out / "profile.json")
-    fsutil.atomic_write_json(out / "profile.json", doc)
+    doc["path"] = str(out / PROFILE_FILE)
+    fsutil.atomic_write_json(out / PROFILE_FILE, doc)
     return doc

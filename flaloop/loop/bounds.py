@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flaloop.bench import record as record_mod
+from flaloop.core.workspace import Workspace
 from flaloop.loop import rules
 from flaloop.loop.store import Iteration
 
@@ -72,14 +73,14 @@ def parse(text: str | None) -> Bound | str:
     return Bound(kind, cell.strip() or None, note.strip())
 
 
-def _record(ws: Path, rel: str | None):
+def _record(ws: Workspace, rel: str | None):
     if not rel:
         return None
-    p = Path(rel) if Path(rel).is_absolute() else ws / rel
+    p = ws.path_of(rel)
     return record_mod.read(p) if p.is_file() else None  # gone: "no number"; damaged: read() says which file
 
 
-def _best_record(ws: Path, iters: list[Iteration]):
+def _best_record(ws: Workspace, iters: list[Iteration]):
     best = rules.best(iters)
     if best is None:
         return None, None
@@ -87,10 +88,10 @@ def _best_record(ws: Path, iters: list[Iteration]):
     return best, _record(ws, rel)
 
 
-def _ncu(ws: Path, commit: str) -> dict[str, dict]:
+def _ncu(ws: Workspace, commit: str) -> dict[str, dict]:
     """Per cell id, the candidate side's Nsight Compute summary of profiles of this commit (clean tree)."""
     out: dict[str, dict] = {}
-    for p in sorted((ws / "trace").glob("*/profile.json")):
+    for p in ws.profile_docs():
         try:
             d = json.loads(p.read_text())
         except (OSError, ValueError):
@@ -102,7 +103,7 @@ def _ncu(ws: Path, commit: str) -> dict[str, dict]:
     return out
 
 
-def numbers(ws: Path, iters: list[Iteration], kind: str) -> dict[str, dict]:
+def numbers(ws: Workspace, iters: list[Iteration], kind: str) -> dict[str, dict]:
     """Per cell: the limit's reading (`value`, words) and the room it leaves (`room`, a speedup factor)
     on the best iteration's state; cells without a reading are absent."""
     best, rec = _best_record(ws, iters)
@@ -143,7 +144,7 @@ def numbers(ws: Path, iters: list[Iteration], kind: str) -> dict[str, dict]:
     return out
 
 
-def check(ws: Path, iters: list[Iteration], text: str | None, target: float) -> Checked:
+def check(ws: Workspace | Path, iters: list[Iteration], text: str | None, target: float) -> Checked:
     """Parse `text`, fill in its number from the records and check that it binds."""
     b = parse(text)
     if isinstance(b, str):
@@ -151,7 +152,7 @@ def check(ws: Path, iters: list[Iteration], text: str | None, target: float) -> 
     best = rules.best(iters)
     speed = rules.speedup_vs_base(best) or 1.0
     need = target / speed
-    got = numbers(ws, iters, b.kind)
+    got = numbers(Workspace.of(ws), iters, b.kind)
     if b.cell is not None:
         got = {k: v for k, v in got.items() if k == b.cell}
     if not got:

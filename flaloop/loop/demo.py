@@ -26,6 +26,7 @@ from rich.markup import escape
 from flaloop.bench import forkservers
 from flaloop.core import git
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import REPORT_FILE, Workspace
 
 # In a wheel the example ships inside the package (setup.py); in a checkout it is examples/minifla.
 PACKAGE = Path(__file__).resolve().parents[1]  # flaloop/
@@ -149,14 +150,14 @@ def run_demo(console: Console, keep: Path | None = None) -> Path:
              "interpreter's), and runs compute-sanitizer where there is one; then the report for the pull request.")
         _sh(console, repo, ["stop", OP, "--go"])
         _sh(console, repo, ["report", OP])
-        ws = repo / "profile" / f"{OP}-opt"
-        log = ws / "OPT_LOG.md"
+        ws = Workspace.at(repo, OP)
+        log = ws.opt_log
         console.rule(f"{log.relative_to(repo)}", style="cyan")
         console.print(log.read_text())
         console.rule("git log --oneline", style="cyan")
         subprocess.run(["git", "log", "--oneline"], cwd=repo)
         console.print(f"\n[green]demo finished[/]: the scratch repo is kept at {escape(str(repo))}", markup=True)
-        for path in [log, ws / "report" / "REPORT.md", *sorted((ws / "report").glob("*.png"))]:
+        for path in [log, ws.report / REPORT_FILE, *sorted(ws.report.glob("*.png"))]:
             if path.exists():
                 console.print(f"  {path}")
         console.print(f"  (remove it with: rm -rf {shlex.quote(str(scratch))})")

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flaloop.bench.model import Cell, l2_states
-from flaloop.core import git
+from flaloop.core import clock, git
 from flaloop.core.errors import GateRed, MeasurementError, RuleRefused, UsageError
+from flaloop.core.workspace import Workspace, rel_dir
 from flaloop.guard.findings import BLOCK, Finding
-from flaloop.loop import records, rules, traps
-from flaloop.loop.store import Iteration, Workspace, now_iso
+from flaloop.loop import records, rules, store, traps
+from flaloop.loop.store import Iteration
 from flaloop.report import opt_log
 from flaloop.task.contract import Contract
 from flaloop.task.target import Target
@@ -90,12 +91,12 @@ def guard_summary(audit_result, bench_records: list) -> dict:
 def run_baseline(target: Target, contract: Contract, ws: Workspace, hooks: Hooks, *, force: bool,
                  command: str) -> Iteration:
     t0 = time.monotonic()
-    iters = ws.iterations()
+    iters = store.iterations(ws)
     existing = rules.baseline_of(iters)
     base = contract.base_commit
     archived = None
     if iters and (existing is None or existing.commit != base):
-        archived = ws.archive(now_iso().replace(":", ""))
+        archived = ws.archive_loop(clock.name_safe(clock.now_iso()))
         hooks.say(f"the log was for another base commit: moved it to {ws.rel(archived)}")
     elif existing and not force:
         raise UsageError(f"a baseline for the base {base[:12]} exists (iteration 0 of {ws.rel(ws.opt_log)})",
@@ -126,12 +127,12 @@ def run_baseline(target: Target, contract: Contract, ws: Workspace, hooks: Hooks
         cells.append({"id": c.id, "timer": c.timer, "device_ms": c.summary.base.median if c.summary.base else None,
                       "eager_ms": eager.median if eager else None, "launch_bound": c.launch_bound})
     it = Iteration(iter=0, direction="baseline", status="baseline", commit=base, best_before=base,
-                   created=now_iso(), gate=gate, note=f"A/A {aa['verdict']}: the harness on this machine",
+                   created=clock.now_iso(), gate=gate, note=f"A/A {aa['verdict']}: the harness on this machine",
                    wall_s=round(time.monotonic() - t0, 2), command=command,
                    baseline={"record": aa["record"], "env": rec.env, "cells": cells, "aa": aa,
                              "archived": ws.rel(archived)})
     with deferred_interrupt():
-        ws.save_iteration(it)
+        store.save_iteration(ws, it)
     traps.seed(ws, contract.op)
     rewrite_logs(ws, contract)
     return it
@@ -158,7 +159,7 @@ def preflight(target: Target, contract: Contract, ws: Workspace, require_change:
     who = git.identity_problem(root)
     if who:
         raise UsageError(f"git cannot commit here: {who}", "set user.name and user.email (git config)")
-    iters, decisions = ws.iterations(), ws.decisions()
+    iters, decisions = store.iterations(ws), store.decisions(ws)
     base = rules.baseline_of(iters)
     if base is None or base.commit != contract.base_commit:
         raise UsageError(f"no baseline for the contract's base {contract.base_commit[:12]}",
@@ -195,7 +196,7 @@ def run_iteration(target: Target, contract: Contract, ws: Workspace, hooks: Hook
         raise UsageError("the direction is empty", 'say in one line what this change tries, e.g. "BT 64 -> 128"')
     preflight(target, contract, ws)
     root, base = target.root, contract.base_commit
-    iters = ws.iterations()
+    iters = store.iterations(ws)
     best = rules.best(iters)
     n = rules.next_number(iters)
     before = git.change_fingerprint(root)
@@ -236,20 +237,20 @@ def run_iteration(target: Target, contract: Contract, ws: Workspace, hooks: Hook
     reason = outcome.reason + (f" [signal: {', '.join(signal_why)}]" if signal_why and outcome.status == "signal"
                                else "")
     it = Iteration(iter=n, direction=direction.strip(), status=outcome.status, commit="", best_before=best.commit,
-                   created=now_iso(), gate=gate, guard=guard, vs_best=vs_best, vs_base=vs_base, worst_cell=worst,
+                   created=clock.now_iso(), gate=gate, guard=guard, vs_best=vs_best, vs_base=vs_base, worst_cell=worst,
                    note=f"{note.strip()}; {reason}" if note.strip() else reason, command=command, source=source)
     with deferred_interrupt():
         it.files = git.changed_paths(root)
         it.commit = git.commit_all(root, commit_message(contract, it, best))
         it.wall_s = round(time.monotonic() - t0, 2)
-        ws.save_iteration(it)
+        store.save_iteration(ws, it)
         if it.status in REVERTED:
             pending = [s.commit for s in rules.pending_signals(iters)]
             it.reverted = [it.commit, *pending]
             it.revert_commit = git.revert(root, it.reverted, revert_message(contract, it, best))
             if not git.same_tree(root, it.revert_commit, best.commit):
                 it.note += f"; the tree is back at HEAD before the iteration, not at {best.commit[:12]}"
-            ws.save_iteration(it)
+            store.save_iteration(ws, it)
     try:
         rewrite_logs(ws, contract)
     except records.HandEdited as exc:  # the iteration itself is done: say so before the refusal
@@ -274,7 +275,7 @@ def commit_message(contract: Contract, it: Iteration, best: Iteration) -> str:
             f"vs best (iteration {best.iter}, {best.commit[:12]}): {_cmp_line(it.vs_best)}\n"
             f"vs base ({contract.base_commit[:12]}): {base_line}\n"
             f"Status: {it.status}: {it.note}\n"
-            + (f"Run records: {', '.join(f'profile/{contract.op}-opt/{r}' for r in runs)}\n" if runs else "")
+            + (f"Run records: {', '.join(f'{rel_dir(contract.op)}/{r}' for r in runs)}\n" if runs else "")
             + f"\nFlaloop-Op: {contract.op}\nFlaloop-Iteration: {it.iter}\nFlaloop-Status: {it.status}\n"
             + (f"Flaloop-Sweep: {it.source['stamp']} {it.source['ref']} {it.source['commit']}\n" if it.source else ""))
 
@@ -291,8 +292,8 @@ def rewrite_logs(ws: Workspace, contract: Contract, *, restore: bool = False) ->
     """OPT_LOG.md (and dispatch.md when it has rows) written afresh from the records (records.render_*);
     the paths of edited files saved aside."""
     saved = []
-    dispatch = ws.dispatch_rows()
-    text = opt_log.render_opt_log(contract, ws.iterations(), ws.decisions(), dispatch)
+    dispatch = store.dispatch_rows(ws)
+    text = opt_log.render_opt_log(contract, store.iterations(ws), store.decisions(ws), dispatch)
     if p := records.write_doc(ws, ws.opt_log, text, contract.op, restore=restore):
         saved.append(p)
     if dispatch or ws.dispatch_md.exists():

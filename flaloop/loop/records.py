@@ -20,8 +20,10 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from flaloop.core import clock
 from flaloop.core.errors import RuleRefused
-from flaloop.loop.store import Workspace, atomic_write, now_iso
+from flaloop.core.workspace import Workspace
+from flaloop.loop.store import atomic_write
 
 NOTES_HEADING = "## Notes"
 NOTES_BODY = ("<!-- Yours: flaloop never rewrites anything from the Notes heading on. Observations, profiler "
@@ -153,7 +155,7 @@ def write_doc(ws: Workspace, doc: Path, generated: str, op: str, *, restore: boo
         text = doc.read_text()
         notes = split_notes(text)[1]
         if edits:
-            saved = doc.with_name(f"{doc.name}.edited-{now_iso().replace(':', '')}")
+            saved = doc.with_name(f"{doc.name}.edited-{clock.name_safe(clock.now_iso())}")
             atomic_write(saved, text)
     if notes is None:
         notes = f"{NOTES_HEADING}\n\n{NOTES_BODY}"

@@ -1,6 +1,7 @@
 """The loop's records on disk: one JSON file per iteration, decision and dispatch row.
 
-Layout under `profile/<op>-opt/` (paths inside records are relative to that directory):
+Where they are is the workspace's (core/workspace.py); under `profile/<op>-opt/` (paths inside
+records are relative to that directory):
 
     iters/0000.json        the baseline (iteration 0); iters/NNNN.json one per `flaloop iter`
     decisions/NNN-KIND.json  re-assessments (`flaloop reassess`) and verdicts (`flaloop stop`)
@@ -15,25 +16,17 @@ The records are the source of truth; the markdown is a view of them. Every write
 
 from __future__ import annotations
 
-import contextlib
-import datetime as _dt
 import json
-import os
 import re
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from flaloop.core import files as fsutil
-from flaloop.core import locks
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import Workspace
 
 SCHEMA = 1
 STATUSES = ("baseline", "keep", "revert", "drop", "noise", "signal")
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def atomic_write(path: Path, text: str) -> Path:
@@ -127,92 +120,48 @@ class DispatchRow:
         return _from_dict(cls, data)
 
 
-@dataclass(frozen=True)
-class Workspace:
-    """The loop's view of `profile/<op>-opt/`."""
+# -- reading and writing them ----------------------------------------------------------------
 
-    path: Path
-
-    @property
-    def iters_dir(self) -> Path:
-        return self.path / "iters"
-
-    @property
-    def opt_log(self) -> Path:
-        return self.path / "OPT_LOG.md"
-
-    @property
-    def dispatch_md(self) -> Path:
-        return self.path / "dispatch.md"
-
-    @property
-    def traps_md(self) -> Path:
-        return self.path / "TRAPS.md"
-
-    def rendered_copy(self, doc: Path) -> Path:
-        return self.path / ".rendered" / doc.name
-
-    def rel(self, path: str | Path | None) -> str | None:
-        """A path as records store it: relative to the workspace when inside it."""
-        if not path:
-            return None
-        p = Path(path).resolve()
+def _load(files: list[Path], pattern: str, cls):
+    out = []
+    for p in files:
+        if not re.fullmatch(pattern, p.name):
+            continue
         try:
-            return str(p.relative_to(self.path.resolve()))
-        except ValueError:
-            return str(p)
+            out.append(cls.from_dict(json.loads(p.read_text())))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise UsageError(f"the loop record {p} is damaged: {exc}",
+                             "restore it from a backup, or delete it and rerun the command that wrote it") from exc
+    return out
 
-    # -- records ----------------------------------------------------------------------------
 
-    def _load(self, directory: Path, pattern: str, cls):
-        out = []
-        if not directory.is_dir():
-            return out
-        for p in sorted(directory.iterdir()):
-            if not re.fullmatch(pattern, p.name):
-                continue
-            try:
-                out.append(cls.from_dict(json.loads(p.read_text())))
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise UsageError(f"the loop record {p} is damaged: {exc}",
-                                 "restore it from a backup, or delete it and rerun the command that wrote it") from exc
-        return out
+def _files(directory: Path) -> list[Path]:
+    return sorted(directory.iterdir()) if directory.is_dir() else []
 
-    def iterations(self) -> list[Iteration]:
-        return sorted(self._load(self.iters_dir, r"\d{4}\.json", Iteration), key=lambda i: i.iter)
 
-    def save_iteration(self, it: Iteration) -> Path:
-        return atomic_write(self.iters_dir / f"{it.iter:04d}.json", json.dumps(it.to_dict(), indent=1) + "\n")
+def _save(path: Path, record) -> Path:
+    return atomic_write(path, json.dumps(record.to_dict(), indent=1) + "\n")
 
-    def decisions(self) -> list[Decision]:
-        return sorted(self._load(self.path / "decisions", r"\d{3}-\w+\.json", Decision), key=lambda d: d.n)
 
-    def save_decision(self, d: Decision) -> Path:
-        return atomic_write(self.path / "decisions" / f"{d.n:03d}-{d.kind}.json",
-                            json.dumps(d.to_dict(), indent=1) + "\n")
+def iterations(ws: Workspace) -> list[Iteration]:
+    return sorted(_load(_files(ws.iters), r"\d{4}\.json", Iteration), key=lambda i: i.iter)
 
-    def dispatch_rows(self) -> list[DispatchRow]:
-        return sorted(self._load(self.path / "dispatch", r"\d{3}\.json", DispatchRow), key=lambda d: d.n)
 
-    def save_dispatch(self, row: DispatchRow) -> Path:
-        return atomic_write(self.path / "dispatch" / f"{row.n:03d}.json", json.dumps(row.to_dict(), indent=1) + "\n")
+def save_iteration(ws: Workspace, it: Iteration) -> Path:
+    return _save(ws.iteration_file(it.iter), it)
 
-    def archive(self, stamp: str) -> Path | None:
-        """Move the loop's records and documents aside (a new base starts a new log); nothing is deleted."""
-        names = ("iters", "decisions", "dispatch", "OPT_LOG.md", "dispatch.md", ".rendered")
-        present = [n for n in names if (self.path / n).exists()]
-        if not present:
-            return None
-        dest = self.path / "archive" / stamp
-        dest.mkdir(parents=True, exist_ok=True)
-        for n in present:
-            os.replace(self.path / n, dest / n)
-        return dest
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """One flaloop command per op at a time (two `iter`s would race for the number and the commit,
-        an `iter` and a `bench` for the workspace): the workspace lock of every command
-        (flaloop/core/locks.py), not waiting (Busy, exit 2, names the holder)."""
-        with locks.lock_dir(self.path, wait=False, command="loop", busy_hint="wait for it to finish, then rerun"):
-            yield
+def decisions(ws: Workspace) -> list[Decision]:
+    return sorted(_load(_files(ws.decisions), r"\d{3}-\w+\.json", Decision), key=lambda d: d.n)
+
+
+def save_decision(ws: Workspace, d: Decision) -> Path:
+    return _save(ws.decision_file(d.n, d.kind), d)
+
+
+def dispatch_rows(ws: Workspace) -> list[DispatchRow]:
+    return sorted(_load(_files(ws.dispatch), r"\d{3}\.json", DispatchRow), key=lambda d: d.n)
+
+
+def save_dispatch(ws: Workspace, row: DispatchRow) -> Path:
+    return _save(ws.dispatch_file(row.n), row)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flaloop.loop.store import Workspace, atomic_write
+from flaloop.core.workspace import Workspace
+from flaloop.loop.store import atomic_write
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
-from flaloop.bench import record as record_mod
 from flaloop.bench.analysis import analyse
 from flaloop.bench.launcher import make_launcher
 from flaloop.bench.measure import session_env
@@ -28,9 +27,10 @@ from flaloop.bench.plan import base_ref, tree_ref, working_tree
 from flaloop.bench.record import TreeRef
 from flaloop.bench.run import triton_cache
 from flaloop.bench.session import Events
+from flaloop.core import clock, git
 from flaloop.core import files as fsutil
-from flaloop.core import git
 from flaloop.core.errors import MeasurementError, UsageError
+from flaloop.core.workspace import Workspace, record_file
 from flaloop.guard.findings import apply_allowances
 from flaloop.modelcheck import band
 from flaloop.modelcheck.session import ModelRefusal, ModelSession
@@ -84,8 +84,8 @@ def check(target, contract, spec: ModelSpec, cfg: BenchConfig, *, base: str | No
     else:
         cand = working_tree(target)
     ws = target.workspace(contract.op)
-    created = record_mod.now_stamp()
-    run_dir = fsutil.unique_dir(ws / "model", f"{created}-{'aa' if aa else 'model'}")
+    created = clock.now_stamp()
+    run_dir = fsutil.unique_dir(ws.model, f"{created}-{'aa' if aa else 'model'}")
     perturb = spec.perturb if spec.perturb is not None else cfg.diff_tol
     cache = triton_cache(ws)
     t0 = time.monotonic()
@@ -114,7 +114,7 @@ def check(target, contract, spec: ModelSpec, cfg: BenchConfig, *, base: str | No
         with contextlib.suppress(OSError):
             run_dir.rmdir()  # nothing ran: no empty run directory left
     else:
-        rec["path"] = str(fsutil.atomic_write_json(run_dir / "record.json", rec))
+        rec["path"] = str(fsutil.atomic_write_json(record_file(run_dir), rec))
     if refused:
         raise UsageError(f"the model check of {contract.op} in {spec.model_class} is refused: {refused}",
                          "fix the model in the contract (\"model\": {...}) or with --set; `flaloop model "
@@ -206,9 +206,10 @@ def named(contract) -> bool:
     return m is not None and not m.get("off")
 
 
-def latest(ws: Path, base_commit: str, cand_commit: str) -> dict | None:
-    """The newest model record of `cand_commit` against `base_commit` that measured both sides."""
-    for path in sorted((ws / "model").glob("*/record.json"), reverse=True):
+def latest(ws: Workspace | Path, base_commit: str, cand_commit: str) -> dict | None:
+    """The newest model record of `cand_commit` against `base_commit` that measured both sides (`ws`:
+    the op's workspace, or its directory)."""
+    for path in reversed(Workspace.of(ws).model_records()):
         try:
             rec = read(path)
         except UsageError:

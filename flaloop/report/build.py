@@ -22,7 +22,6 @@ is in report/markdown.py (markdown) and report/plots.py (PNG).
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -37,8 +36,9 @@ from flaloop.bench import record as record_mod
 from flaloop.bench.evidence import contention_line
 from flaloop.bench.model import cli_args
 from flaloop.bench.record import RunRecord
-from flaloop.core import git
+from flaloop.core import clock, git
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import RECORD_FILE, Workspace
 from flaloop.diagnose import explain
 from flaloop.diagnose.sanitizer import flow as sanitize_mod
 from flaloop.modelcheck import run as modelcheck
@@ -70,11 +70,11 @@ def _read_json(p: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def load_records(ws: Path) -> list[RunRecord]:
+def load_records(ws: Workspace) -> list[RunRecord]:
     """Bench run records, oldest first (their directory names start with the UTC stamp); a record
     that cannot be read (cut short, another flaloop's schema) is left out."""
     out = []
-    for p in sorted((ws / "runs").glob("*/record.json")):
+    for p in ws.run_records():
         try:
             r = record_mod.read(p)
         except UsageError:
@@ -85,15 +85,15 @@ def load_records(ws: Path) -> list[RunRecord]:
     return out
 
 
-def load_iterations(ws: Path) -> list[dict]:
+def load_iterations(ws: Workspace) -> list[dict]:
     """The loop's iteration records, by iteration number; [] when no loop ran."""
-    its = [d for d in (_read_json(p) for p in sorted((ws / "iters").glob("[0-9]*.json"))) if d]
+    its = [d for d in (_read_json(p) for p in ws.iteration_files()) if d]
     return sorted(its, key=lambda d: int(d.get("iter", 0)))
 
 
-def load_profiles(ws: Path) -> list[dict]:
+def load_profiles(ws: Workspace) -> list[dict]:
     out = []
-    for p in sorted((ws / "trace").glob("*/profile.json")):
+    for p in ws.profile_docs():
         d = _read_json(p)
         if d:
             d["_path"] = str(p)
@@ -246,7 +246,7 @@ def _same_path(record_path: str, ref: str) -> bool:
     """Whether an iteration's `record` (`runs/<run>/record.json` or the run's directory, relative to
     the workspace or absolute) names this record: the run directories' names are unique in a
     workspace, and the comparison holds where the workspace was moved since (copied off a GPU machine)."""
-    run = Path(ref).parent.name if Path(ref).name == "record.json" else Path(ref).name
+    run = Path(ref).parent.name if Path(ref).name == RECORD_FILE else Path(ref).name
     return Path(record_path).parent.name == run
 
 
@@ -412,7 +412,7 @@ def _profile_for(root: Path, profiles: list[dict], state: dict) -> dict | None:
     return mine[-1] if mine else None
 
 
-def _explanation_for(ws: Path, claim: Claim, iterations: list[dict]) -> dict | None:
+def _explanation_for(ws: Workspace, claim: Claim, iterations: list[dict]) -> dict | None:
     """The newest explanation of the claim's kept iteration against its vs-base measurement."""
     it = claim.iteration or {}
     vs = it.get("vs_base") or {}
@@ -421,7 +421,7 @@ def _explanation_for(ws: Path, claim: Claim, iterations: list[dict]) -> dict | N
     return explain.latest(ws, vs["base_commit"], claim.commit, vs.get("record"))
 
 
-def _sanitizer_for(ws: Path, claim: Claim, cells: list[str], contract: dict) -> dict | None:
+def _sanitizer_for(ws: Workspace, claim: Claim, cells: list[str], contract: dict) -> dict | None:
     """The newest compute-sanitizer run of the claim's kept commit against its base (the contract's,
     as `sanitize` and the go take it): one that ran every tool on every measured cell (what a go
     needs) when there is one, else the newest at all."""
@@ -431,7 +431,7 @@ def _sanitizer_for(ws: Path, claim: Claim, cells: list[str], contract: dict) -> 
     return sanitize_mod.latest(ws, base, claim.commit, cells) or sanitize_mod.latest(ws, base, claim.commit, [], ())
 
 
-def _model_for(ws: Path, claim: Claim, contract: dict) -> dict | None:
+def _model_for(ws: Workspace, claim: Claim, contract: dict) -> dict | None:
     """The newest model check (`flaloop model`) of the claim's kept commit against its base."""
     base = ((claim.iteration or {}).get("vs_base") or {}).get("base_commit") or contract.get("base_commit")
     if claim.no_go or not claim.commit or not base:
@@ -489,7 +489,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     """Assemble the report's data from the workspace. Raises UsageError when there is nothing
     to report; refusals are in `doc["refused"]` (the CLI exits 1 when `claim_ok` is False)."""
     ws = target.workspace(op)
-    contract = _read_json(ws / "contract.json")
+    contract = _read_json(ws.contract)
     if contract is None:
         raise contract_mod.no_contract(target, op)
     records, iterations = load_records(ws), load_iterations(ws)
@@ -504,7 +504,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     rows = cell_rows(record, ceilings, family)
     summary = record.summary
     geo = asdict(summary.geomean) if summary.geomean else None
-    last_gate = _read_json(ws / "gate" / "last.json")
+    last_gate = _read_json(ws.gate_last)
     gate, gate_refusals = gate_evidence(record, claim, last_gate)
     guard, guard_refusals = guard_evidence(record, claim, contract)
     refusals += gate_refusals + guard_refusals
@@ -538,7 +538,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
     verdicts = [r["verdict"] for r in rows]
     doc = {
         "ok": claim_ok, "op": op, "kind": "report", "repo": str(target.root),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": clock.now_iso(),
         "claim": claim.to_dict(), "claim_ok": claim_ok, "conclusion": concl,
         "refused": [r.to_dict() for r in refusals] if not claim_ok else [],
         "summary": {"geomean": geo, "n_cells": summary.n_cells, "n_measured": summary.n_measured,
@@ -566,7 +566,7 @@ def build(target, op: str, family: roofline.Family | None = None, ceilings: roof
                                                    "title": family.title if family else None,
                                                    "ceilings": ceilings.to_dict() if ceilings else None},
         "profile": profile, "explanation": explanation, "sanitizer": sanitized, "guard": guard, "model": in_model,
-        "trajectory": trajectory(iterations), "opt_log": str(ws / "OPT_LOG.md") if (ws / "OPT_LOG.md").exists() else None,
+        "trajectory": trajectory(iterations), "opt_log": str(ws.opt_log) if ws.opt_log.exists() else None,
         "records": {"claim": record.path, "claim_complete": ("complete", "partial", "interrupted or empty")[
                         2 - completeness(record)], "skipped": skipped_newer(records, record),
                     "aa": aa["record"] if aa else None,

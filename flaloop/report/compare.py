@@ -34,6 +34,7 @@ from flaloop.bench import record as record_mod
 from flaloop.bench.model import CellResult
 from flaloop.bench.record import RunRecord
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import Workspace, record_file
 from flaloop.report import fmt
 from flaloop.report.cells import CellView
 
@@ -50,22 +51,22 @@ def resolve(spec: str, root: Path | None, op: str | None = None) -> RunRecord:
     if p.is_file():
         return record_mod.read(p)
     if p.is_dir():
-        if (p / "record.json").is_file():
-            return record_mod.read(p / "record.json")
+        if record_file(p).is_file():
+            return record_mod.read(record_file(p))
         raise UsageError(f"{spec} is a directory without a record.json",
                          "name a run directory under profile/<op>-opt/runs/, or its record.json")
     if root is None or "/" in spec:
         raise UsageError(f"no run record at {spec}", "name a record.json, a run directory or a run id")
-    runs = sorted((root / "profile").glob(f"{op}-opt/runs" if op else "*-opt/runs"))
-    hits = sorted({d for r in runs for d in r.glob(f"{spec}*") if (d / "record.json").is_file()})
+    runs = [w.runs for w in ([Workspace.at(root, op)] if op else Workspace.every(root)) if w.runs.exists()]
+    hits = sorted({d for r in runs for d in r.glob(f"{spec}*") if record_file(d).is_file()})
     exact = [d for d in hits if d.name == spec]
     if len(exact) == 1 or len(hits) == 1:
-        return record_mod.read((exact or hits)[0] / "record.json")
+        return record_mod.read(record_file((exact or hits)[0]))
     where = ", ".join(str(r.relative_to(root)) for r in runs) or f"no profile/{op or '*'}-opt/runs/ in {root}"
     if hits:
         raise UsageError(f"run id {spec!r} is ambiguous: {', '.join(d.name for d in hits[:6])}",
                          "give more of it, or --op OP")
-    newest = sorted((d.name for r in runs for d in r.iterdir() if (d / "record.json").is_file()), reverse=True)[:5]
+    newest = sorted((d.name for r in runs for d in r.iterdir() if record_file(d).is_file()), reverse=True)[:5]
     hint = f"looked in {where}" + (f"; newest: {', '.join(newest)}" if newest else "; run `flaloop bench OP` first")
     raise UsageError(f"no run record {spec!r}" + (f" of {op}" if op else ""), hint)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
+from flaloop.core.workspace import Workspace
 from flaloop.loop import records
-from flaloop.loop.store import Iteration, Workspace
+from flaloop.loop.store import Iteration
 from flaloop.report import fmt, opt_log
 
 

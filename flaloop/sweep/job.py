@@ -27,6 +27,7 @@ from flaloop.bench.session import Cancelled
 from flaloop.core import files as fsutil
 from flaloop.core import git
 from flaloop.core.errors import FlaloopError
+from flaloop.core.workspace import Workspace
 from flaloop.task import gate as gate_mod
 from flaloop.task.contract import Contract
 from flaloop.task.target import Target
@@ -111,9 +112,9 @@ def _gate_verdict(result: gate_mod.GateResult) -> tuple[str, str]:
 
 def seed_workspace(home: Path, op: str, seed: dict) -> None:
     """Put the orchestrator's cached gate files in a job's workspace (never over a newer one)."""
-    ws = home / "profile" / f"{op}-opt"
+    ws = Workspace.at(home, op)
     for rel, doc in seed.items():
-        path = ws / rel
+        path = ws.path_of(rel)
         if not path.exists():
             with contextlib.suppress(OSError):
                 fsutil.atomic_write_json(path, doc)

@@ -13,16 +13,17 @@ from pathlib import Path
 
 from flaloop.core import git
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import SWEEP_FILE, shared_sweeps, sweep_file
 from flaloop.sweep import record as sweep_record
 
 
 def find_sweep(target, op: str, where: str) -> Path:
     """A sweep by its directory, its sweep.json, or its stamp under the op's sweeps directory."""
     p = Path(where).expanduser()
-    for cand in (p, target.root / p, target.workspace(op) / "sweeps" / where, target.root / "profile" / "sweeps" / where):
-        if (cand / "sweep.json").is_file() or (cand.is_file() and cand.name == "sweep.json"):
+    for cand in (p, target.root / p, target.workspace(op).sweeps / where, shared_sweeps(target.root) / where):
+        if sweep_file(cand).is_file() or (cand.is_file() and cand.name == SWEEP_FILE):
             return cand
-    known = sorted(d.name for d in (target.workspace(op) / "sweeps").glob("*/") if (d / "sweep.json").is_file())
+    known = sorted(d.name for d in target.workspace(op).sweeps.glob("*/") if sweep_file(d).is_file())
     raise UsageError(f"no sweep at {where!r}", "name its directory or its stamp; sweeps of " + op + ": "
                      + (", ".join(known[-5:]) or "none yet (`flaloop sweep OP --candidates ...`)"))
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from flaloop.bench.record import TreeRef
 from flaloop.core import files as fsutil
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import sweep_file
 
 SCHEMA = 1
 STATUSES = ("ok", "blocked", "failed")
@@ -126,7 +127,7 @@ class SweepRecord:
 
 def write(sweep_dir: Path, rec: SweepRecord) -> Path:
     """sweep.json (sweep.md and sweep.png are drawn from it: report/sweep.py, report/plots.py)."""
-    path = sweep_dir / "sweep.json"
+    path = sweep_file(sweep_dir)
     rec.path = str(path)
     fsutil.atomic_write_json(path, rec.to_dict())
     return path
@@ -134,7 +135,7 @@ def write(sweep_dir: Path, rec: SweepRecord) -> Path:
 
 def read(where: Path) -> SweepRecord:
     """A sweep by its directory or its sweep.json; UsageError naming what is wrong."""
-    path = where / "sweep.json" if where.is_dir() else where
+    path = sweep_file(where) if where.is_dir() else where
     try:
         rec = SweepRecord.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -24,8 +24,9 @@ from flaloop.bench.measurement import Measurement
 from flaloop.bench.model import BenchConfig
 from flaloop.bench.plan import MeasurePlan, plan
 from flaloop.bench.record import RunRecord, TreeRef
+from flaloop.core import clock, git
 from flaloop.core import files as fsutil
-from flaloop.core import git
+from flaloop.core.workspace import shared_sweeps
 from flaloop.guard.audit import audit
 from flaloop.loop import rules
 from flaloop.report.plots import sweep_plot
@@ -56,7 +57,7 @@ class Entry:
 
 def sweeps_dir(target, op: str | None) -> Path:
     """Where a sweep is kept: under its op's workspace, or `profile/sweeps/` for several ops."""
-    return (target.workspace(op) if op else target.root / "profile") / "sweeps"
+    return target.workspace(op).sweeps if op else shared_sweeps(target.root)
 
 
 def _static(target, contract: Contract, cand: Candidate, base: TreeRef) -> dict:
@@ -67,17 +68,17 @@ def _static(target, contract: Contract, cand: Candidate, base: TreeRef) -> dict:
 def _seed(target, contract: Contract, commit: str) -> dict:
     """The gate files the orchestrator has that a job's gate can reuse: the base's collected ids, and
     green gates of exactly this commit (the gate itself decides whether they still apply)."""
-    gdir = target.workspace(contract.op) / "gate"
+    ws = target.workspace(contract.op)
     out = {}
-    for p in sorted(gdir.glob(f"baseline-{contract.base_commit[:12]}-*.json")):
+    for p in ws.gate_baselines(contract.base_commit):
         doc = fsutil.read_json_cache(p)
         if isinstance(doc, dict):
-            out[f"gate/{p.name}"] = doc
-    for p in sorted(gdir.glob("green-*.json")):
+            out[ws.rel(p)] = doc
+    for p in ws.gate_greens():
         doc = fsutil.read_json_cache(p)
         tree = (doc or {}).get("tree") or {} if isinstance(doc, dict) else {}
         if tree.get("head") == commit and not tree.get("dirty"):
-            out[f"gate/{p.name}"] = doc
+            out[ws.rel(p)] = doc
     return out
 
 
@@ -130,7 +131,7 @@ def finish_row(e: Entry, result: JobResult, sweep_dir: Path, margin: float) -> R
         m = Measurement.from_dict(result.measurement)
         if m.started:
             e.plan.gate = result.gate
-            rec = finish(e.plan, m, created=record_mod.now_stamp(), gpu=result.gpu)
+            rec = finish(e.plan, m, created=clock.now_stamp(), gpu=result.gpu)
             record_mod.write(sweep_dir / row.key, rec)
             row.record = str(Path(rec.path).relative_to(sweep_dir))
             _from_record(row, rec, result, margin)
@@ -173,7 +174,7 @@ def run(target, *, kind: str, entries: list[Entry], base: TreeRef, cfg: BenchCon
         say: Callable[[str], None] = lambda m: None) -> SweepRecord:
     """Plan, measure on the executor, finish; the record is kept however the sweep ends (Ctrl-C too)."""
     t0 = time.monotonic()
-    rec = SweepRecord(kind=kind, created=record_mod.now_stamp(), base=base,
+    rec = SweepRecord(kind=kind, created=clock.now_stamp(), base=base,
                       ops=sorted({e.contract.op for e in entries}), rows=[e.row for e in entries],
                       executor=executor.describe(), config=cfg.to_dict(), command=command, margin=cfg.margin)
     sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ Hashes are taken of the files *at the base commit*.
 from __future__ import annotations
 
 import ast
-import datetime as _dt
 import difflib
 import hashlib
 import json
@@ -22,9 +21,10 @@ from pathlib import Path
 
 from flaloop import __version__, inside
 from flaloop.bench.model import L2_MODES, L2_WORDS, MODES
+from flaloop.core import clock, git
 from flaloop.core import files as fsutil
-from flaloop.core import git
 from flaloop.core.errors import FlaloopError, UsageError
+from flaloop.core.workspace import Workspace
 from flaloop.task import opcalls
 from flaloop.task.target import CONFIG_FILE, OpSpec, Target, argument_names, run_query
 
@@ -90,7 +90,7 @@ class Contract:
 
     @staticmethod
     def path(target: Target, op: str) -> Path:
-        return target.workspace(op) / "contract.json"
+        return target.workspace(op).contract
 
     @classmethod
     def load(cls, target: Target, op: str) -> Contract:
@@ -119,8 +119,7 @@ class Contract:
 
     def allow(self, rule: str, why: str) -> dict:
         """Record a justified exception to a guard rule (replacing an earlier one for the same rule)."""
-        entry = {"rule": rule, "why": why,
-                 "added": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        entry = {"rule": rule, "why": why, "added": clock.now_iso()}
         self.allowed = [a for a in self.allowed if a.get("rule") != rule] + [entry]
         return entry
 
@@ -362,7 +361,7 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
     if spec.declared is None and not spec.registry.get("inputs"):
         # inputs from the calls its test recorded: refused now where there are none, else they
         # need the op's parameter names, which the op query answers
-        if opcalls.read(opcalls.calls_path(target.workspace(spec.name))) is None:
+        if opcalls.read(target.workspace(spec.name).gate_calls) is None:
             target.bench_spec(spec, [])
         frozen, answer = compute_frozen(target, spec, base_commit)
         spec = target.bench_spec(spec, argument_names(answer["parameters"]))
@@ -386,7 +385,7 @@ def create(target: Target, spec: OpSpec, *, base_ref: str, speedup: float, shape
         base_commit=base_commit, test_file=spec.test_file, frozen=frozen, target_speedup=speedup,
         shapes=list(shapes or known_shapes), modes=list(modes), langs=list(langs),
         input_overrides=overrides, varlen=varlen, l2=l2, max_iters=max_iters,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=clock.now_iso(),
     )
     dirty = [] if frozen_may_differ else changed_frozen(target, contract)
     if dirty:
@@ -465,7 +464,7 @@ def _cell(text: str) -> str:
 
 def update_draft_allowed(target: Target, c: Contract) -> Path | None:
     """Rewrite only the allowances section of docs/draft.md, keeping any prose the user edited."""
-    path = target.workspace(c.op) / "docs" / "draft.md"
+    path = target.workspace(c.op).draft
     if not path.is_file():
         return None
     text = path.read_text()
@@ -481,11 +480,11 @@ def update_draft_allowed(target: Target, c: Contract) -> Path | None:
 
 def write(target: Target, contract: Contract, force: bool) -> tuple[Path, Path]:
     ws = target.workspace(contract.op)
-    cpath, dpath = ws / "contract.json", ws / "docs" / "draft.md"
+    cpath, dpath = ws.contract, ws.draft
     if cpath.exists() and not force:
         raise UsageError(f"a contract for {contract.op} already exists at {cpath.relative_to(target.root)}",
                          "pass --force to replace it (docs/draft.md is rewritten too)")
-    rel_ws = str(ws.relative_to(target.root))
+    rel_ws = str(ws.path.relative_to(target.root))
     git.ensure_ignored(target.root, rel_ws)
     fsutil.atomic_write_text(dpath, render_draft(contract))
     contract.save(target)
@@ -495,7 +494,7 @@ def write(target: Target, contract: Contract, force: bool) -> tuple[Path, Path]:
 def no_contract(target: Target, op: str) -> UsageError:
     """The error for an op without a contract. A name that is no op of the target (a typo) gets the
     close names among its ops and contracts, never the advice to write a contract for the typo."""
-    contracts = sorted(p.parent.name[: -len("-opt")] for p in target.workspace(op).parent.glob("*-opt/contract.json"))
+    contracts = sorted(w.op for w in Workspace.every(target.workspace(op).home) if w.contract.is_file())
     try:
         ops = [s.name for s in target.ops()]
     except FlaloopError:  # a registry that cannot be read: the contracts are all there is to go by

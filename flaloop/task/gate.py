@@ -29,7 +29,6 @@ cached per base commit, selection and interpreter.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -45,9 +44,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flaloop import inside
+from flaloop.core import clock, git, procs
 from flaloop.core import files as fsutil
-from flaloop.core import git, procs
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import Workspace
 from flaloop.task import gate_integrity, testcalls
 from flaloop.task.contract import Contract, changed_frozen
 from flaloop.task.target import Target
@@ -340,7 +340,7 @@ def _baseline_key(contract: Contract, k_expr: str | None, python: str, kind: str
 
 def _baseline_cache(target: Target, contract: Contract, k_expr: str | None, kind: str) -> Path:
     key = _baseline_key(contract, k_expr, target.python, kind)
-    return target.workspace(contract.op) / "gate" / f"baseline-{key}.json"
+    return target.workspace(contract.op).gate_baseline(key)
 
 
 def _cached_baseline(target: Target, contract: Contract, k_expr: str | None, kind: str) -> dict | None:
@@ -414,7 +414,7 @@ def reuse_key(target: Target, contract: Contract, k_expr: str | None, env: dict[
 
 
 def _green_cache(target: Target, op: str, key: str) -> Path:
-    return target.workspace(op) / "gate" / f"green-{key}.json"
+    return target.workspace(op).gate_green(key)
 
 
 def recorded_green(target: Target, op: str, key: str) -> GateResult | None:
@@ -550,11 +550,11 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
     `reused_from`; `regate` always runs it. `cancel` stops pytest (a sweep withdrawn); a gate of a
     tree other than the user's (a sweep's candidate) passes `record_last=False`: `gate/last.json`
     speaks of the user's tree."""
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    started = clock.now_iso()
     t0 = time.monotonic()
     env, stripped, watch = clean_env(target.extra_strip_env())
     ws = target.workspace(contract.op)
-    stamp = started.replace(":", "").replace("-", "").replace("+0000", "Z")
+    stamp = clock.stamp_of(started)
     tree = git.tree_state(target.root)
     key = reuse_key(target, contract, k_expr, env, tree)
     if not regate:
@@ -572,7 +572,7 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
     log_path = None
     if not findings:  # a frozen edit is red already; don't spend minutes of GPU on it
         target.require_test_file(contract.op, contract.test_file)
-        log_path = _claim_log(ws / "gate", stamp)
+        log_path = _claim_log(ws, stamp)
         # the tree is the base itself: the test's own calls are recorded for the bench to replay
         at_base = tree.get("head") == contract.base_commit and not tree.get("dirty") and not k_expr
         callrec = Path(git.neutral_tempdir("flaloop-callrec-")) if at_base else None
@@ -663,14 +663,15 @@ def _retry_out_of_memory(target: Target, contract: Contract, env: dict[str, str]
     return fixed, retry
 
 
-def _claim_log(gate_dir: Path, stamp: str) -> Path:
+def _claim_log(ws: Workspace, stamp: str) -> Path:
     """A log path no other gate has: two gates within one second (a sweep runs several at once) keep both."""
+    gate_dir = ws.gate
     try:
         gate_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise fsutil.storage_error(exc, gate_dir) from exc
     for i in range(1, 10000):
-        path = gate_dir / (f"gate-{stamp}.log" if i == 1 else f"gate-{stamp}-{i}.log")
+        path = ws.gate_log(stamp, i)
         try:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
             return path
@@ -683,11 +684,11 @@ def _claim_log(gate_dir: Path, stamp: str) -> Path:
 
 def record(target: Target, result: GateResult) -> Path:
     """Keep the result for later commands (verify, iter, report)."""
-    return fsutil.atomic_write_json(target.workspace(result.op) / "gate" / "last.json", result.to_dict())
+    return fsutil.atomic_write_json(target.workspace(result.op).gate_last, result.to_dict())
 
 
 def last_result(target: Target, op: str) -> dict | None:
-    last = fsutil.read_json_cache(target.workspace(op) / "gate" / "last.json")
+    last = fsutil.read_json_cache(target.workspace(op).gate_last)
     return last if isinstance(last, dict) and isinstance(last.get("tree"), dict) else None
 
 

@@ -26,15 +26,10 @@ from pathlib import Path
 from flaloop.core.errors import UsageError
 from flaloop.task.opdecl import SCHEMA
 
-CALLS_FILE = "calls.json"
 MAX_CELLS = 3
 _INT = {"int64": "long", "long": "long", "int32": "int32"}
 _FLOAT = ("bfloat16", "float16", "float32")
 VARLEN = ("cu_seqlens", "cu_seqlens_cpu")
-
-
-def calls_path(workspace: Path) -> Path:
-    return Path(workspace) / "gate" / CALLS_FILE
 
 
 def read(path: Path) -> dict | None:

@@ -43,6 +43,7 @@ from flaloop import inside
 from flaloop.core import files as fsutil
 from flaloop.core import git, procs
 from flaloop.core.errors import StorageError, UsageError
+from flaloop.core.workspace import Workspace
 from flaloop.task import opcalls, opdecl
 
 SCRIPT = inside.script("target_query.py")
@@ -178,8 +179,8 @@ class Target:
     def registry_file(self) -> Path:
         return self.root / self.config.get("target", {}).get("registry", DEFAULT_REGISTRY)
 
-    def workspace(self, op: str) -> Path:
-        return self.root / "profile" / f"{op}-opt"
+    def workspace(self, op: str) -> Workspace:
+        return Workspace.at(self.root, op)
 
     def tree(self, root: Path, home: Path | None = None) -> TreeTarget:
         """Another checkout of this target (a worktree of the base, a sweep's candidate) whose
@@ -363,7 +364,7 @@ class Target:
         parameter names (`parameters`, in signature order). A UsageError says what to declare."""
         if spec.declared is not None or spec.registry.get("inputs"):
             return spec
-        path = opcalls.calls_path(self.workspace(spec.name))
+        path = self.workspace(spec.name).gate_calls
         doc = opcalls.read(path)
         where = (f"the registry {self._registry_name()} has no entry {spec.name!r}" if self.registry_file.exists()
                  else "the repo has no registry")
@@ -389,5 +390,5 @@ class TreeTarget(Target):
 
     home: Path | None = None
 
-    def workspace(self, op: str) -> Path:
-        return (self.home or self.root) / "profile" / f"{op}-opt"
+    def workspace(self, op: str) -> Workspace:
+        return Workspace.at(self.home or self.root, op)

@@ -23,13 +23,9 @@ import random
 from pathlib import Path
 
 from flaloop.core import files as fsutil
+from flaloop.core.workspace import Workspace
 
 SCHEMA = 1
-FILE = "calls.json"
-
-
-def path(workspace: Path) -> Path:
-    return Path(workspace) / "gate" / FILE
 
 
 def key(call: dict) -> str:
@@ -66,13 +62,13 @@ def collect(out_dir: Path, package: str) -> dict | None:
     return doc if doc["calls"] else None
 
 
-def store(workspace: Path, doc: dict, *, base_commit: str, test_file: str) -> Path:
-    return fsutil.atomic_write_json(path(workspace), {**doc, "base_commit": base_commit, "test_file": test_file})
+def store(workspace: Workspace | Path, doc: dict, *, base_commit: str, test_file: str) -> Path:
+    return fsutil.atomic_write_json(Workspace.of(workspace).gate_calls, {**doc, "base_commit": base_commit, "test_file": test_file})
 
 
-def load(workspace: Path, test_file: str) -> dict | None:
+def load(workspace: Workspace | Path, test_file: str) -> dict | None:
     """The recorded calls of this test file (None when none were recorded, or for another test file)."""
-    doc = fsutil.read_json_cache(path(workspace))
+    doc = fsutil.read_json_cache(Workspace.of(workspace).gate_calls)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("calls"), list):
         return None
     if doc.get("test_file") not in (None, test_file):

@@ -36,10 +36,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flaloop.bench import model as model_mod
-from flaloop.bench.record import now_stamp
+from flaloop.core import clock, git
 from flaloop.core import files as fsutil
-from flaloop.core import git
 from flaloop.core.errors import UsageError
+from flaloop.core.workspace import SANITIZE_FILE, Workspace
 from flaloop.diagnose.profile import step_env
 from flaloop.diagnose.sanitizer.log import STARTUP, ErrorRecord, compare
 from flaloop.diagnose.sanitizer.run import (
@@ -188,8 +188,8 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
         raise UsageError(f"{contract.op} has no registry entry to build inputs from",
                          f"the bench reads TensorSpecs from {target.registry_file.relative_to(target.root)}")
     ws = target.workspace(contract.op)
-    stamp = now_stamp()
-    out = fsutil.unique_dir(ws / "sanitize", stamp)
+    stamp = clock.now_stamp()
+    out = fsutil.unique_dir(ws.sanitize, stamp)
     wire = [c.to_wire(model_mod.BenchConfig(inputs=dict(contract.input_overrides)), 1, "eager") for c in picked]
     cells_file = fsutil.atomic_write_json(out / "cells.json", wire)
     exe = find_sanitizer()
@@ -261,8 +261,8 @@ def sanitize(target, contract, *, candidate_commit: str | None = None, cells: li
     doc["failed"] += [f"{t}: {line}" for t, e in doc["tools"].items() for line in e.get("unchecked") or []]
     doc["wall_s"] = round(time.monotonic() - t0, 3)
     doc["cost"] = cost(doc["tools"], doc.get("warm") or {})
-    doc["path"] = str(out / "sanitize.json")
-    fsutil.atomic_write_json(out / "sanitize.json", doc)
+    doc["path"] = str(out / SANITIZE_FILE)
+    fsutil.atomic_write_json(out / SANITIZE_FILE, doc)
     return doc
 
 
@@ -293,10 +293,10 @@ def attach(record, doc: dict) -> bool:
 
 # -- before a go ---------------------------------------------------------------------------------
 
-def latest(ws: Path, base_commit: str, cand_commit: str, cells: list[str], tools=TOOLS) -> dict | None:
+def latest(ws: Workspace, base_commit: str, cand_commit: str, cells: list[str], tools=TOOLS) -> dict | None:
     """The newest sanitize.json of this base and candidate commit that ran every tool on every cell."""
     found = None
-    for p in sorted((ws / "sanitize").glob("*/sanitize.json")):
+    for p in ws.sanitize_docs():
         try:
             doc = json.loads(p.read_text())
         except (OSError, ValueError):
