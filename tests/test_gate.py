@@ -8,7 +8,8 @@ from pathlib import Path
 
 from conftest import OP, commit_all, edit, flaloop, make_toy_repo
 
-from flaloop.task.gate import PytestRun, judge
+from flaloop.task.gate import judge
+from flaloop.task.pytest_run import PytestRun
 
 TEST = Path("tests/ops/test_linear_attn.py")
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")

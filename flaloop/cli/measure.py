@@ -45,6 +45,7 @@ from flaloop.report.compare import slower_in
 from flaloop.report.terminal import print_bench, print_findings, print_gate
 from flaloop.task import contract as contract_mod
 from flaloop.task import gate as gate_mod
+from flaloop.task import pytest_run
 from flaloop.task.target import Target
 
 # -- option groups (declared once, shared by the commands that take them) -----------------------
@@ -165,7 +166,7 @@ def gate_cmd(
 def run_gate_with_progress(target: Target, c, k_expr: str | None, timeout: float | None, console: Console,
                            bar, workers: int = 0, gpus: list[str] | None = None,
                            regate: bool = False) -> gate_mod.GateResult:
-    _, stripped, _ = gate_mod.clean_env(target.extra_strip_env())
+    _, stripped, _ = pytest_run.clean_env(target.extra_strip_env())
     for name, value in stripped.items():
         console.print(f"[yellow]removed {escape(name)}={escape(value)} from the gate's environment[/] "
                       f"(it weakens or steers the tests)", markup=True)
