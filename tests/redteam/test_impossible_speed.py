@@ -12,8 +12,9 @@ inputs are FLA's registry's with unit-norm q and k, as FLA's tests draw them for
 import shutil
 
 import pytest
-from conftest import commit_all, flaloop
 from corpus import FLA_ROOT, append, apply
+from support.cli import flaloop
+from support.repos import commit_all
 
 OP = "chunk_delta_rule"
 SHAPE = "B8_T1024_H8_D64"

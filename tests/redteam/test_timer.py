@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_contention import GpuScript, gpu_session
+from support.sessions import GpuScript, gpu_session
 
 from flaloop.bench.analysis import analyse
 from flaloop.bench.model import Pair

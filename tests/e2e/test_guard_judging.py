@@ -1,0 +1,29 @@
+"""How the session judges what the workers report, for the probes a CPU cannot exercise (CUDA-graph
+timers, streams, persisting L2, the roofline): pure functions over synthetic reports, each rule
+firing on the candidate's behaviour and never on behaviour the base shares."""
+
+from __future__ import annotations
+
+
+def test_the_audit_knows_a_diff_of_comments_docstrings_and_layout_from_a_change_of_code(tmp_path):
+    import subprocess
+
+    from flaloop.guard.audit import same_code
+    from flaloop.guard.static import Change
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "op.py").write_text('"""The op."""\n\ndef f(x):\n    """Doc."""\n    return x + 1\n')
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    changed = [Change("op.py", "modified")]
+    (tmp_path / "op.py").write_text('"""The op, reworded."""\n\n\ndef f(x):  # a comment\n    return (x\n            + 1)\n')
+    assert same_code(tmp_path, base, changed)
+    (tmp_path / "op.py").write_text('def f(x):\n    return x + 2\n')
+    assert not same_code(tmp_path, base, changed)
+    (tmp_path / "new.py").write_text("")
+    assert not same_code(tmp_path, base, [Change("new.py", "untracked")])
+
+
