@@ -18,7 +18,7 @@ import pytest
 from support.cli import flaloop
 from support.repos import git, make_toy_repo
 
-# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+# the unseen-shapes check is off here (it has its own tests, tests/e2e/test_unseen.py): the suite's time
 QUICK = ["--device", "cpu", "--min-pairs", "4", "--max-pairs", "6", "--cell-seconds", "20", "--modes", "fwd",
          "--rounds", "1", "--unseen-shapes", "0"]
 

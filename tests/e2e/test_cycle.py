@@ -10,7 +10,7 @@ from support.cli import flaloop
 from support.repos import edit
 
 FAST = "toyop/ops/toy/fast.py"
-# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+# the unseen-shapes check is off here (it has its own tests, tests/e2e/test_unseen.py): the suite's time
 QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20", "--rounds", "1", "--unseen-shapes", "0"]
 
 

@@ -70,7 +70,7 @@ def commit_all_again(repo) -> None:
     git(repo, "commit", "-q", "-m", "declared op")
 
 
-# one bad declaration through the CLI; the rest of the keys in tests/test_opdecl.py, in-process
+# one bad declaration through the CLI; the rest of the keys in tests/unit/test_opdecl.py, in-process
 BAD = [('x = { shape = "B, T,, D" }', "[ops.naive_linear_attn.inputs] x.shape does not parse")]
 
 

@@ -18,7 +18,7 @@ from flaloop.bench import forkservers
 from flaloop.core import git
 
 FAST = Path("toyop/ops/toy/fast.py")
-# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+# the unseen-shapes check is off here (it has its own tests, tests/e2e/test_unseen.py): the suite's time
 QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20", "--modes", "fwd", "--unseen-shapes", "0"]
 
 

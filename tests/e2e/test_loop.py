@@ -17,7 +17,7 @@ from support.repos import GIT_ENV, edit, fresh_copy, git, make_toy_repo, worktre
 
 OP = "toy_attn"
 FAST = Path("toyop/ops/toy/fast.py")
-# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+# the unseen-shapes check is off here (it has its own tests, tests/e2e/test_unseen.py): the suite's time
 QUICK = ["--device", "cpu", "--min-pairs", "4", "--max-pairs", "8", "--rounds", "1", "--cell-seconds", "5",
          "--sample-ms", "2", "--unseen-shapes", "0"]
 # one torch thread per worker: two workers spinning on a shared 2-core machine time each other's slices

@@ -25,7 +25,7 @@ from support.repos import edit, git, worktrees
 from flaloop.inside import WORKER as WORKER_PKG
 
 FAST = Path("toyop/ops/toy/fast.py")
-# the unseen-shapes check is off here (it has its own tests, tests/test_unseen.py): the suite's time
+# the unseen-shapes check is off here (it has its own tests, tests/e2e/test_unseen.py): the suite's time
 QUICK = ["--device", "cpu", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "30", "--unseen-shapes", "0"]
 WORKER = WORKER_PKG / "__main__.py"
 
@@ -54,7 +54,7 @@ def test_signals_during_cleanup_cannot_leave_a_worker_or_worktree_behind(toy, tm
     # signal aborted the cleanup the first had started, and a worker ran on with its parent gone.
     sleepy(toy)
     mark = tmp_path / "mark"
-    # spawned workers (forked ones are flaloop's grandchildren: tests/test_forkserver.py)
+    # spawned workers (forked ones are flaloop's grandchildren: tests/e2e/test_forkserver.py)
     proc = start(toy, "bench", "toy_attn", "--json", "--no-forkserver", *QUICK,
                  env={"TOY_MARK": str(mark), "TOY_SLEEP": "120"})
     assert wait_for(lambda: marked(mark), 90), "the candidate never reached its warm-up"

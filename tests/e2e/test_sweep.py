@@ -1,6 +1,6 @@
 """`flaloop sweep` with the local executor on examples/minifla (Triton interpreter): four candidates
 ranked, bad input named while the others run, and `iter --from-sweep`. Every CLI call is checked by
-conftest.flaloop() to leave the user's branch, index, files, stash and worktrees as they were."""
+support.cli.flaloop() to leave the user's branch, index, files, stash and worktrees as they were."""
 
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ def test_a_wrong_result_cannot_be_allowed(repo):
 
 # -- a backend the unseen shapes miss, on the toy op through the real CLI ------------------------------
 
-TOY_SHAPES = {"B2_T64_H2_D16": {"B": 2, "T": 64, "H": 2, "D": 16},  # tests/conftest.py's toy registry
+TOY_SHAPES = {"B2_T64_H2_D16": {"B": 2, "T": 64, "H": 2, "D": 16},  # tests/support/toy's registry
               "B1_T128_H2_D32": {"B": 1, "T": 128, "H": 2, "D": 32}}
 
 

@@ -126,7 +126,7 @@ def test_best_is_the_last_keep_and_pending_signals_are_the_trailing_ones():
 ])
 def test_each_missing_no_go_item_is_named(drop, missing):
     log = [it(0, "baseline"), it(1, "noise", "bigger tiles")]
-    # the bound as bounds.check returns it (its parsing and numbers: tests/test_explain.py)
+    # the bound as bounds.check returns it (its parsing and numbers: tests/unit/test_explain.py)
     bound = good = bounds.Checked(True, text="roofline on S1/fwd: 80.0% of its floor: at most 1.25x left")
     if drop == "baseline":
         log = log[1:]
