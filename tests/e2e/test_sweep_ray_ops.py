@@ -10,7 +10,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from support.candidates import CHUNK, FUSED, SLOWER_FUSED, check_ranking, sleepy_branch, start_sweep, sweep
+from support.candidates import (
+    CHUNK,
+    FUSED,
+    SLOWER_CHUNK,
+    SLOWER_FUSED,
+    check_ranking,
+    sleepy_branch,
+    start_sweep,
+    sweep,
+)
 from support.procs import wait_for
 from support.repos import OP, edit, git, worktrees
 from support.userstate import assert_user_state_kept, user_state
@@ -74,14 +83,17 @@ def test_ctrl_c_cancels_every_ray_task(candidates, tmp_path):
 
 
 def test_ops_changed_benches_only_the_op_whose_code_the_diff_touches(repo):
+    # a base whose chunked op sleeps, so that the change below is faster whatever the CPU's load
+    edit(repo / CHUNK, *SLOWER_CHUNK)
+    git(repo, "commit", "-qam", "a sleeping chunked op")
     base = git(repo, "rev-parse", "HEAD").strip()
     # a change to the chunk kernel: chunk_linear_attn's code, not fused_recurrent_linear_attn's
     edit(repo / CHUNK, "CHUNK_SIZE = 32", "CHUNK_SIZE = 64")
+    edit(repo / CHUNK, SLOWER_CHUNK[1], SLOWER_CHUNK[0])
     git(repo, "commit", "-qam", "bigger chunks")
     r, doc = sweep(repo, "--ops", "changed", "--base", base, "--shapes", "B1_T64_H2_D32")
     assert r.code == 0, r.stderr[-3000:]
     assert [c["op"] for c in doc["candidates"]] == [OP]
-    # ~1.45x in the interpreter; a loaded 2-core CPU has read it as low as 1.18
     assert doc["candidates"][0]["geomean"]["speedup"] > 1.1 and doc["sweep"] == "ops"
     assert "chunk_linear_attn: the change touches minifla/ops/linear_attn/chunk.py" in r.stderr
     # a slower change to the other op only: the check names it, and exits 1
