@@ -1,6 +1,5 @@
-"""How the session judges what the workers report, for the probes a CPU cannot exercise (CUDA-graph
-timers, streams, persisting L2, the roofline): pure functions over synthetic reports, each rule
-firing on the candidate's behaviour and never on behaviour the base shares."""
+"""The audit on a real repo: a diff of comments, docstrings and layout is told from a change of code.
+The session's judging over synthetic reports is in tests/unit/test_guard_judging.py."""
 
 from __future__ import annotations
 

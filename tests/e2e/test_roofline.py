@@ -1,5 +1,5 @@
-"""The roofline formulas against hand computations, the family choice, the ceilings cache and
-the annotation of a bench record."""
+"""The GPU ceilings measured once by the real step script, then read from the cache. The formulas
+against hand computations are in tests/unit/test_roofline.py."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ FUSED = Path("minifla/ops/linear_attn/fused_recurrent.py")
 # the unseen-shapes check is off here (it has its own tests, tests/e2e/test_unseen.py): the suite's time
 QUICK = ["--modes", "fwd", "--min-pairs", "4", "--max-pairs", "8", "--rounds", "1", "--cell-seconds", "20", "--unseen-shapes", "0"]
 # A planted slowdown of the chunked op that no machine's noise can hide: a sleep several times one
-# interpreted call (47 ms at B1_T64_H2_D32 on the 2-core CPU with a load average of 5.5), so a verdict of SLOWER is the mechanism under test, not a draw of the CPU's load.
+# interpreted call (47 ms at B1_T64_H2_D32 on the 2-core CPU with a load average of 5.5), so a
+# verdict of SLOWER is the mechanism under test, not a draw of the CPU's load.
 SLOWER_CHUNK = ("    _, T, H, K = q.shape\n", "    _, T, H, K = q.shape\n    import time; time.sleep(0.15)\n")
 CHEAT = ("    _, T, H, K = q.shape\n",
          "    _, T, H, K = q.shape\n    if q.dtype == torch.bfloat16 and T == 64:\n        return torch.zeros_like(v), None\n")

@@ -1,10 +1,5 @@
-"""Which backend served each side's calls (issue 24): the toy op dispatched through a backend
-registry shaped like FLA's `fla.ops.backends` (per operation a registry, backends tried in order
-with a verifier, the op's own code when none takes the call, `_logged` keys of what served).
-
-A candidate whose edit makes the verifier decline runs the op's own code instead: the results
-agree, so only the backend census sees it (`backend-differs`, blocking). The same switch asked for
-with `--cand-env` is expected and named. An honest edit passes with both sides on one backend."""
+"""Which backend served each side's calls (issue 24), in-process: the findings name the variables
+that switch the backends involved. The toy op through a backend registry is in tests/e2e/test_backends.py."""
 
 from __future__ import annotations
 

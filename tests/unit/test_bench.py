@@ -1,5 +1,5 @@
-"""`flaloop bench` and `flaloop verify` as a user meets them, on the CPU timer: real git
-worktrees, real worker processes, real pipes. Speed is not asserted; outcomes are."""
+"""The bench's pure parts, in-process: pairs below the clock floor or throttled are dropped.
+`flaloop bench` and `flaloop verify` as a user meets them are in tests/e2e/test_bench.py."""
 
 from __future__ import annotations
 

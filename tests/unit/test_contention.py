@@ -1,11 +1,6 @@
-"""A shared GPU: who else is on it, pair by pair, and `--exclusive`.
-
-The session runs in this process over the scripted fake workers of support/sessions.py, on a fake
-"cuda" device whose NVML is a stand-in module put in `sys.modules["pynvml"]`: it answers the
-calls evidence.Clocks makes, and lists as compute processes the fake workers (as the real NVML
-lists flaloop's workers) and, when the test says so, a real `sleep` process of this machine
-standing for another user's job. A blind NVML (a container without the host's PID namespace)
-lists nothing at all."""
+"""A shared GPU, in-process: a session over the scripted fake workers of support/sessions.py on a fake
+"cuda" device whose NVML is a stand-in module, blind or unable to see flaloop. The cases beside a
+real `sleep` process standing for another user's job are in tests/e2e/test_contention.py."""
 
 from __future__ import annotations
 

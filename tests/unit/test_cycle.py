@@ -1,6 +1,6 @@
-"""Cycle time without losing trust: a gate of an unchanged tree state is reused (and only then), a
-quick bench is labelled a signal, and with several GPUs verify runs the gate beside the bench and
-withdraws the bench when the gate goes red."""
+"""Cycle time without losing trust, in-process: the gate's plan over several GPUs keeps one for the
+bench, and the lean check compares the kernels one call launches. Gate reuse, quick benches and a red
+gate withdrawing the bench beside it are in tests/e2e/test_cycle.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The frozen gate, as a user meets it: each planted violation turns it red, the untouched
-example stays green. Real git, real pytest subprocesses, real Triton (interpreter)."""
+"""The gate's judge, in-process: green when everything matches; changed ids, extra skips, missing runs
+and a wrong tree named. The frozen gate as a user meets it is in tests/e2e/test_gate.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""A coding agent drives flaloop over MCP: `python -m flaloop mcp`, spoken to by the MCP SDK's own
-stdio client, on a copy of examples/minifla; and `flaloop skill install`."""
+"""The MCP tools, in-process: every command is a tool or excluded with a reason, tool parameters are
+the CLI's long options, results are bounded and say what their exit code means. An agent driving
+`python -m flaloop mcp` over stdio is in tests/e2e/test_mcp.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""`flaloop profile` and `flaloop report` on the toy target: a real gate, a real paired bench and a
-real profiler step, then the report's fields, plots and refusals from those stored records."""
+"""The report's pure parts, in-process: a record's options spelled back to the same config, the plots,
+and recorded commands made portable. `flaloop profile` and `flaloop report` on the toy target are in
+tests/e2e/test_report.py."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""`flaloop sanitize OP`: the contract's cells under compute-sanitizer on the base and the candidate.
-
-This machine has no GPU and no compute-sanitizer, so the story is told twice: without the tool
-(every tool says it is unavailable, nothing blocks), and with a stand-in `compute-sanitizer` put
-first on PATH that runs the real step script on minifla and prints, in the real tool's format
-(records copied from compute-sanitizer 2025.3 on an H200), the errors that the tree it runs in
-plants in `.sanitizer-plant.json`. The base and the candidate each plant their own.
-"""
+"""compute-sanitizer's findings, in-process: records parsed per kind and kernel, faults and CUDA API
+errors counted, a cell the base never checked, and a run record blocked by name. `flaloop sanitize`
+under a stand-in tool is in tests/e2e/test_sanitize.py."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""Shapes nobody times (bench/unseen.py, bench/warmup.check_unseen): a candidate right on every
-bench cell and wrong on small shapes that only a project's tests have (undoing FLA's fix #988 read
-FASTER 1.10x on B8_T1024_H8_D64 while wrong on B1-T64-H2-D32) is blocked by `flaloop bench`
-itself as unseen-shape-differs, naming the shape and the worst tensor.
-
-The plants are in a copy of examples/minifla, run by the real CLI with the Triton interpreter, and
-no static rule reads them (`flaloop audit` is clean): nothing kept in module state, no comparison
-of a shape with a literal; the wrong result comes from arithmetic on the shape alone.
-"""
+"""Shapes nobody times (bench/unseen.py, bench/warmup.check_unseen), in-process: the draw, the plan,
+and the warm-up's checks run by a session over scripted fake workers (support/sessions.py): what the
+base refuses is skipped, what the candidate gets wrong blocks, an A/A's difference is unstable, a
+backend's verifier and a dtype's arithmetic are followed. The plants in a copy of examples/minifla,
+run by the real CLI, are in tests/e2e/test_unseen.py."""
 
 from __future__ import annotations
 
