@@ -2,7 +2,7 @@
 
 Usage: leak_check.py [--n 50] [--repo PATH --op OP] [--json]
 
-Without --repo it builds the pure-torch toy target of tests/conftest.py in a temp dir (fast on a
+Without --repo it builds the pure-torch toy target of tests/support/toy/ in a temp dir (fast on a
 CPU). The benches run in this process (as the loop's commands do), on the CPU timer, one shape,
 fwd only, one round. Counted before the first bench (`start`), after a first bench that
 warms up caches and lazy imports (`base`), and after N more (`after`):
@@ -78,7 +78,7 @@ def settled(target, op: str, tmpdir: str, base: dict | None, wait_s: float = 10.
 
 def toy_repo(where: Path) -> tuple[Path, str]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import make_toy_repo
+    from support.repos import make_toy_repo
 
     repo = make_toy_repo(where / "toy")
     subprocess.run([sys.executable, "-m", "flaloop", "init", "toy_attn", "--shapes", "B2_T64_H2_D16", "--modes", "fwd"],

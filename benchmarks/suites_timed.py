@@ -4,7 +4,7 @@ the transfer to the base and its comparison: `guard.timed_calls` in the record),
 warm bench; then a plant the timed check alone must block: a path taken only while a CUDA graph is
 captured, right on the graph proof's replay and wrong on every later (timed) one; then the same
 plant on minifla, the GPU test of tests/redteam/test_timed_calls.py (the selftest suite collects
-tests/test_*.py only)."""
+tests/unit and tests/e2e only)."""
 
 from __future__ import annotations
 

@@ -220,7 +220,8 @@ def suite_report(ctx: Ctx) -> None:
 
 def suite_selftest(ctx: Ctx) -> None:
     """The GPU-marked tests, collected from the files that have any (collecting all takes ~1 min)."""
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
+    found = [*(ROOT / "tests" / "unit").glob("test_*.py"), *(ROOT / "tests" / "e2e").glob("test_*.py")]
+    files = sorted(str(p.relative_to(ROOT)) for p in found if "mark.gpu" in p.read_text())
     run(ctx, [sys.executable, "-m", "pytest", "-q", "-m", "gpu", *files, "-p", "no:cacheprovider"],
         ctx.out / "selftest" / "pytest", env=ctx.env(gpus=ctx.gpus[:1]), flaloop=False, timeout=600)
 

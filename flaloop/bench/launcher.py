@@ -11,7 +11,7 @@ side and round. Two are real:
   child that cannot run (a library broken by fork, CUDA initialised before it) makes it spawn from
   then on (`fall_back`).
 
-Tests hand a session a launcher of scripted fake workers (tests/test_session.py): anything with
+Tests hand a session a launcher of scripted fake workers (tests/unit/test_session.py): anything with
 `start`, `fall_back`, `note_imported`, `pids`, `describe` and `close` will do.
 """
 

@@ -17,7 +17,7 @@ Pure (no torch): the counts are arithmetic on the cell's shape, and the ceilings
 
 A new family: add a `Family` to FAMILIES, map its registry `category` in CATEGORIES (and a
 name pattern in NAME_PATTERNS), derive it in docs/ROOFLINE.md, and add a hand computation to
-tests/test_roofline.py.
+tests/unit/test_roofline.py.
 """
 
 from __future__ import annotations

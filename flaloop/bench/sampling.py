@@ -15,7 +15,7 @@ since round 2 set it up last and began with AB: a lean toward FASTER. A run of t
 before that sample did not help (docs/lab/2026-12-01-h200.md, R8 and R9).
 
 Functions of the session's port (bench/port.SessionPort), which holds the workers and the state
-they use; a test drives them over scripted fake workers (tests/test_session.py).
+they use; a test drives them over scripted fake workers (tests/unit/test_session.py).
 """
 
 from __future__ import annotations

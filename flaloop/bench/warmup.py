@@ -10,7 +10,7 @@ inside/worker/outputs.py): nothing of the base's ever reaches the candidate's pr
 times (`check_unseen`; the draw: bench/unseen.py).
 
 Functions of the session's port (bench/port.SessionPort), which holds the workers and the state
-they use; a test drives them over scripted fake workers (tests/test_session.py).
+they use; a test drives them over scripted fake workers (tests/unit/test_session.py).
 """
 
 from __future__ import annotations

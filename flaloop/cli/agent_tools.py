@@ -24,7 +24,7 @@ from typing import Any
 
 from flaloop.cli.app import COMMAND_ORDER, app
 
-# Commands that are no tool, and why (tests/test_mcp.py checks every command is one or the other).
+# Commands that are no tool, and why (tests/unit/test_mcp.py checks every command is one or the other).
 EXCLUDED = {
     "mcp": "it is this server: a tool would start another server inside it",
     "demo": "a guided tour for a person at a terminal, on a scratch copy of the bundled example",

@@ -5,7 +5,7 @@ This is the one place a rule's words live. The static rules (guard/rules/*.py) r
 docs/GUARD.md has one section per id, with the incident each rule comes from.
 
 Adding a rule: add a `Rule` here, a check in one of guard/rules/*.py (a new module goes into
-`guard.rules.CHECKS`), a section in docs/GUARD.md, and a planted cheat in tests/test_guard_static.py.
+`guard.rules.CHECKS`), a section in docs/GUARD.md, and a planted cheat in tests/e2e/test_guard_static.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ A cell is sampled as interleaved pairs (ABBA order), and each pair gives one sta
   the Walsh averages for HL, the sign test's for the median). It needs symmetry of ``r`` about
   ``theta`` (true in an A/A comparison, since ``r`` is then a difference of exchangeable noises;
   close to true for a fixed speedup), is exact under it at every n and infinite below 6 pairs at
-  95 %. Simulated with known truth (tests/test_stats.py) it covers 94-98 % at n = 6 to 32, normal
+  95 %. Simulated with known truth (tests/unit/test_stats.py) it covers 94-98 % at n = 6 to 32, normal
   and heavy-tailed noise alike; the bootstrap intervals undercover there (HL BCa: 88 % at n = 6,
   91-93 % at n = 10 to 24), which is why they are no longer the default. ``"bca"``: the BCa
   bootstrap with the formulas of ``scipy.stats.bootstrap`` (z0 from the "mean" percentile of

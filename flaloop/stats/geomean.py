@@ -66,7 +66,7 @@ def geomean(cells: Sequence[np.ndarray], verdicts: Sequence[Verdict] | None = No
     ``method="rank"`` (default) builds the interval from the cells' own rank intervals
     (``combined_interval``): one cell's geomean interval is that cell's interval, so a keep never
     rests on a narrower interval than the per-cell rule trusts, and the coverage is the cells'
-    (tests/test_stats.py measures it at n = 6 to 32). ``method="bca"``: the joint bootstrap (each
+    (tests/unit/test_stats.py measures it at n = 6 to 32). ``method="bca"``: the joint bootstrap (each
     replicate resamples every cell's pairs; BCa with the multi-sample jackknife), which undercovers
     below ~16 pairs a cell (86-90 % at one cell of 6-8 pairs) and is kept for comparison.
     """

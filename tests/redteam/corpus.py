@@ -35,7 +35,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import MINIFLA, OP, flaloop, make_repo
+from support.cli import flaloop
+from support.repos import MINIFLA, OP, make_repo
 
 CHUNK = "minifla/ops/linear_attn/chunk.py"
 INIT = "minifla/__init__.py"
@@ -234,7 +235,7 @@ def _tree(name: str, edits: list[tuple], subject: Subject = MINI) -> Path:
 
 def _base(subject: Subject = MINI):
     """The base's worker and its reports, once per test process and subject."""
-    from test_worker import Driver
+    from support.worker import Driver
 
     key = ("base", subject)
     with _lock:
@@ -266,7 +267,7 @@ def base_times_ms(subject: Subject = MINI) -> list[float]:
 def probed(name: str, edits: list[tuple], unseen: bool = False, samples: int = SAMPLES,
            subject: Subject = MINI) -> Probed:
     """Run the bench's dynamic checks of one cell of `subject` with `edits` planted (see the module)."""
-    from test_worker import Driver
+    from support.worker import Driver
 
     from flaloop.guard import dynamic
 
@@ -356,7 +357,7 @@ def host_timed(name: str, edits: list[tuple], pairs: int = HOST_PAIRS, subject: 
     are returned, not judged."""
     import time
 
-    from test_worker import Driver
+    from support.worker import Driver
 
     from flaloop.bench.model import Pair
     from flaloop.guard import timing

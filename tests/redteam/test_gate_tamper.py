@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import OP, edit, git
+from support.repos import OP, edit, git
 
 from flaloop.task.contract import Contract
 from flaloop.task.gate import run_gate

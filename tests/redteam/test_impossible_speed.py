@@ -1,7 +1,7 @@
 """Times faster than the hardware allows (GPU MODE reference-kernels #159): whatever made the
 timed calls skip their work, the cell's median below its roofline floor (bytes it must move over
 the measured bandwidth, FLOPs over the measured GEMM rate) blocks it. The floor's rule is tested on
-the CPU in tests/test_guard_judging.py (`below_floor`); here, on a GPU with real FLA, every other
+the CPU in tests/unit/test_guard_judging.py (`below_floor`); here, on a GPU with real FLA, every other
 layer that sees a memoized op and may be allowed is allowed away (as a contract may), and the memo
 recomputes whenever an input or a result it handed out changes (`timed-call-differs` cannot be
 allowed, and the CUDA graph's proof writes NaN into the results it captured: a memo that kept
@@ -12,8 +12,9 @@ inputs are FLA's registry's with unit-norm q and k, as FLA's tests draw them for
 import shutil
 
 import pytest
-from conftest import commit_all, flaloop
 from corpus import FLA_ROOT, append, apply
+from support.cli import flaloop
+from support.repos import commit_all
 
 OP = "chunk_delta_rule"
 SHAPE = "B8_T1024_H8_D64"

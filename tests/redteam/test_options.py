@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import OP, edit, flaloop
+from support.cli import flaloop
+from support.repos import OP, edit
 
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 QUICK = ["--device", "cpu", "--modes", "fwd", "--min-pairs", "6", "--max-pairs", "8", "--cell-seconds", "20",

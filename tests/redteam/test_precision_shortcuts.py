@@ -7,7 +7,6 @@ catches one named at run time: on fp32 inputs the candidate may differ from the 
 reordering fp32 arithmetic explains, far less than any rounding through bf16, fp16 or TF32."""
 
 import pytest
-from conftest import MINIFLA
 from corpus import (
     APPLY,
     CALL,
@@ -21,6 +20,7 @@ from corpus import (
     probed,
     replace,
 )
+from support.repos import MINIFLA
 
 from flaloop.guard.dynamic import PRECISION_BOUNDS
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import OP, edit, flaloop, with_test_calls
 from rich.console import Console
+from support.cli import flaloop
+from support.repos import OP, edit, with_test_calls
 
 from flaloop.bench import record as record_mod
 from flaloop.report.terminal import print_bench

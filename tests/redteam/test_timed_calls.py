@@ -21,7 +21,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from conftest import OP, flaloop, make_repo
+from support.cli import flaloop
+from support.repos import OP, make_repo
 
 from flaloop.bench import timed
 from flaloop.bench.model import Cell, CellResult

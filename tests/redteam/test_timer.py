@@ -1,5 +1,5 @@
 """Timer cheats against honest changes on a shared GPU: the timing cross-checks (guard/timing.py)
-over scripted pairs, and a session on the fake GPU of test_contention.py beside another process.
+over scripted pairs, and a session on the fake GPU of support/sessions.py beside another process.
 
 An honest change beside another process must never block (at worst `contended-unsure`); a timer
 that under-reports on every pair must block, with or without the other process."""
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_contention import GpuScript, gpu_session
+from support.sessions import GpuScript, gpu_session
 
 from flaloop.bench.analysis import analyse
 from flaloop.bench.model import Pair
@@ -191,7 +191,7 @@ def test_an_honest_change_on_a_loaded_host_is_never_blocked_by_the_round_trip():
 
 
 def test_an_honestly_slower_candidate_whose_untimed_calls_take_longer_too_is_not_blocked():
-    """A candidate that sleeps in the op (48x slower per call, as tests/test_loop.py's) spends its
+    """A candidate that sleeps in the op (48x slower per call, as tests/e2e/test_loop.py's) spends its
     untimed calls of a sample (the first sync, the kept call's copy) slower too: its round trip grows
     past the base's by about one call, which is honest, not a timer hiding time."""
     pairs = []

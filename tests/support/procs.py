@@ -1,0 +1,46 @@
+"""Processes, read through /proc: alive, descendants, and polling for a condition."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[0] not in ("Z", "X")  # a zombie has finished running
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid`."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) and st[0] not in ("Z", "X"):
+            children.setdefault(st[1], []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def wait_for(cond, timeout: float, step: float = 0.1):
+    """Poll `cond` until it returns something truthy (returned) or `timeout` s pass (None)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value or time.monotonic() > deadline:
+            return value or None
+        time.sleep(step)
