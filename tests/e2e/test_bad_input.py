@@ -283,7 +283,7 @@ def test_a_full_disk_keeps_the_old_contract_and_reports_the_lost_run_record(toy)
 # -- flaloop's own bugs ---------------------------------------------------------------------------
 
 BOOM = """import sys
-from flaloop import contract
+from flaloop.task import contract
 def boom(*a, **k):
     raise ZeroDivisionError("planted bug")
 contract.Contract.load = boom

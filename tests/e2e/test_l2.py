@@ -59,13 +59,13 @@ def test_explain_profiles_a_cold_cell_after_a_flush_left_out_of_its_steps(toy, t
     import subprocess
     import sys
 
-    from support.repos import ROOT
+    from flaloop import inside
 
     wire = {"id": f"{SHAPE}/fwd/l2-cold", "shape": {"B": 2, "T": 64, "H": 2, "D": 16}, "mode": "fwd",
             "dtype": "float32", "seed": 0, "inputs": {}, "seqlens": None, "k": 1, "timer": "eager",
             "sample_ms": 1.0, "placements": 1, "l2": "cold"}
     out = tmp_path / "prof"
-    subprocess.run([sys.executable, str(ROOT / "flaloop" / "inside" / "scripts" / "profile_step.py"), "--tree", str(toy),
+    subprocess.run([sys.executable, str(inside.script("profile_step.py")), "--tree", str(toy),
                     "--registry", str(toy / "benchmarks" / "ops" / "registry.py"), "--op", "toy_attn",
                     "--cells", json.dumps([wire]), "--steps", "3", "--out", str(out), "--side", "base",
                     "--device", "cpu"], check=True, timeout=300)

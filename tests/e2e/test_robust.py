@@ -186,7 +186,7 @@ def test_two_ops_of_one_repo_run_side_by_side(toy):
 
 SIGNALS = """
 import os, signal
-from flaloop import procs
+from flaloop.core import procs
 procs.install_signal_handlers()
 try:
     with procs.deferred_interrupts():
