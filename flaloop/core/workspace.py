@@ -60,7 +60,11 @@ def profile_dir(home: Path) -> Path:
 
 def rel_dir(op: str) -> str:
     """The op's workspace relative to its checkout, as messages write it."""
-    return f"{PROFILE}/{op}{SUFFIX}"
+    return f"{PROFILE}/{_dir_name(op)}"
+
+
+def _dir_name(op: str) -> str:
+    return f"{op}{SUFFIX}"
 
 
 def shared_sweeps(home: Path) -> Path:
@@ -85,7 +89,7 @@ class Workspace:
     @classmethod
     def at(cls, home: Path, op: str) -> Workspace:
         """The op's workspace in the checkout `home`."""
-        return cls(profile_dir(home) / f"{op}{SUFFIX}")
+        return cls(profile_dir(home) / _dir_name(op))
 
     @classmethod
     def of(cls, where: Workspace | str | os.PathLike) -> Workspace:
