@@ -138,7 +138,7 @@ CYCLE = [[["machine", "cycle"]], [["slowdown"]], [["verify"]]]
 VERIFY = [[["machine", "verify"]], [["slowdown"]]]
 VERIFY_ONLY = [[["machine", "verify"]]]
 # Every goal line of issue 10 in one run: the cold gate on both GPUs and the warm gate, the one-cell
-# bench, verify against FLA's with its A/As, the slowdown. On the H200 x2 at 4263982 (ninth session)
+# bench, verify against FLA's with its A/As, the slowdown. On the H200 x2 at 4263982 (docs/lab/2026-12-01-h200.md)
 # it ran 1,235 s: `--deadline 1480` and three `wait 560`.
 GOALS_PLAN = [[["machine", "gate"]], [["cycle"]], [["verify"]], [["slowdown"]]]
 PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": VERIFY, "h200-verify-only": VERIFY_ONLY,
@@ -149,8 +149,8 @@ PLANS = {"h200": H200, "h200-final": FINAL, "h200-cycle": CYCLE, "h200-verify": 
          # then the 12-cell A/A and the planted slowdown on the redesigned bench
          "h200-sweep": [[["machine", "sweep"]], [["aa"]]],
          # issue 22 on one GPU: the varlen loop with its profile-backed go and report, and the sanitizer.
-         # Its cold baseline alone ran past 1,030 s on one H200 (twelfth session): give it a session of
-         # its own, `--deadline 1700` and three `wait 560`.
+         # Its cold baseline alone ran past 1,030 s on one H200 (docs/lab/2026-12-01-h200.md, R12): give it a
+         # device lease of its own, `--deadline 1700` and three `wait 560`.
          "h200-evidence": [[["machine", "evidence"]]],
          # issue 22's planted defects alone (no baseline): what compute-sanitizer can see on small
          # kernels (sanitizer_reach.py), then each FLA plant under its tool, then the gate on each

@@ -26,7 +26,7 @@ from harness import (  # benchmarks/ is the script's directory, first on sys.pat
 from suites_tools import suite_selftest
 
 # verify #3 runs only with this many seconds left: itself and the slowdown after it (on the H200 x2
-# in the eighth session: verify #3 59.6 s, the slowdown phase 94 s)
+# (docs/lab/2026-12-01-h200.md): verify #3 59.6 s, the slowdown phase 94 s)
 VERIFY_THIRD_S = 170
 
 # -- suites ---------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def suite_aa_slowdown(ctx: Ctx) -> None:
 
 
 def suite_first_pair(ctx: Ctx) -> None:
-    """The pairs next to a setup, on the two cells where the H200 showed them off (ninth session):
+    """The pairs next to a setup, on the two cells where the H200 showed them off (docs/lab/2026-12-01-h200.md):
     two A/As and the planted slowdown on one GPU. Per round: the settle pair and the first kept
     pair as cand-vs-base %, against the round's median pair."""
     shapes = [SMALL, "B4_T2048_H16_D128"]
