@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 
 from flaloop import inside
-from flaloop.core import files as fsutil
-from flaloop.core import procs
+from flaloop.core import fsutil, procs
 
 WORKER = inside.WORKER / "__main__.py"
 IDLE_ENV = "FLALOOP_FORKSERVER_IDLE_S"

@@ -28,8 +28,7 @@ from flaloop import inside
 from flaloop.bench import forkservers
 from flaloop.bench.forkservers import ForkServer
 from flaloop.bench.workers import WorkerClient
-from flaloop.core import files as fsutil
-from flaloop.core import procs
+from flaloop.core import fsutil, procs
 from flaloop.core.errors import StorageError
 from flaloop.core.procs import kill_group
 

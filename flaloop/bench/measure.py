@@ -20,8 +20,7 @@ from flaloop.bench.launcher import Launcher, make_launcher
 from flaloop.bench.measurement import Measurement
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.session import Cancelled, Events, Session
-from flaloop.core import files as fsutil
-from flaloop.core import git
+from flaloop.core import fsutil, git
 from flaloop.core.errors import MeasurementError
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from flaloop.bench.model import BenchConfig, CellResult
-from flaloop.core import files as fsutil
+from flaloop.core import fsutil
 from flaloop.core.errors import UsageError
 from flaloop.core.workspace import record_file
 from flaloop.guard.findings import Finding

@@ -30,8 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flaloop import inside
-from flaloop.core import clock, procs
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, procs
 from flaloop.core.errors import MeasurementError, UsageError
 
 CHUNK = 64

@@ -19,8 +19,7 @@ from flaloop.bench.model import BenchConfig
 from flaloop.bench.plan import MeasurePlan, base_ref, plan, working_tree
 from flaloop.bench.record import RunRecord, TreeRef
 from flaloop.bench.session import Cancelled, Events
-from flaloop.core import clock, git
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import MeasurementError, StorageError
 from flaloop.core.workspace import Workspace
 from flaloop.guard.audit import audit

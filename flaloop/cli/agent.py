@@ -41,8 +41,7 @@ import typer
 
 from flaloop.cli.agent_tools import DETAIL, LOOP_COMMANDS, compact, meaning, tool_specs
 from flaloop.cli.app import JsonOpt, app, command, emit_json, human
-from flaloop.core import clock, procs
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, procs
 from flaloop.core.errors import UsageError
 
 INTERRUPT_GRACE_S = 60.0  # flaloop's own Ctrl-C cleanup: workers, pytest, worktrees, the run record so far

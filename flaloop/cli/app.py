@@ -36,8 +36,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from flaloop.core import files as fsutil
-from flaloop.core import git, locks
+from flaloop.core import fsutil, git, locks
 from flaloop.core.errors import FlaloopError
 
 try:  # typer vendors click from 0.2x on; before, it used click itself

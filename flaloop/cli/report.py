@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from flaloop.cli.app import JsonOpt, PyOpt, RepoOpt, app, command, command_line, emit_json, err, human, out
-from flaloop.core import files as fsutil
+from flaloop.core import fsutil
 from flaloop.core.errors import FlaloopError
 from flaloop.core.workspace import REPORT_FILE
 from flaloop.task import contract as contract_mod

@@ -44,7 +44,7 @@ from flaloop.cli.app import (
 from flaloop.cli.measure import BenchOptions, parse_gpus
 from flaloop.core import clock, git, locks
 from flaloop.core.errors import UsageError
-from flaloop.core.files import unique_dir
+from flaloop.core.fsutil import unique_dir
 from flaloop.modelcheck import run as modelcheck
 from flaloop.report.compare import slower_in_sweep
 from flaloop.report.sweep import table_headers, table_rows

@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from flaloop.core import clock, procs
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, procs
 from flaloop.core.errors import UsageError
 
 # FLA's conftest stops NaN-poisoning for any frame whose file path contains these, so no

@@ -25,8 +25,7 @@ import socket
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-from flaloop.core import clock, git
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import Busy
 from flaloop.core.workspace import Workspace
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flaloop.core.errors import UsageError
-from flaloop.core.files import dir_bytes
+from flaloop.core.fsutil import dir_bytes
 
 PROFILE = "profile"  # the folder of every op's workspace, in the target's checkout
 SUFFIX = "-opt"

@@ -50,8 +50,7 @@ from pathlib import Path
 from flaloop import inside
 from flaloop.bench import model as model_mod
 from flaloop.bench import record as record_mod
-from flaloop.core import clock, git
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import UsageError
 from flaloop.core.workspace import EXPLAIN_FILE, Workspace
 from flaloop.diagnose import profile as profiling

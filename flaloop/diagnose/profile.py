@@ -28,8 +28,7 @@ from pathlib import Path
 from flaloop import inside
 from flaloop.bench import model as model_mod
 from flaloop.bench import roofline
-from flaloop.core import clock, git, procs
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git, procs
 from flaloop.core.errors import MeasurementError, UsageError
 from flaloop.core.workspace import PROFILE_FILE, Workspace
 

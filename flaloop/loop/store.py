@@ -21,7 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from flaloop.core import files as fsutil
+from flaloop.core import fsutil
 from flaloop.core.errors import UsageError
 from flaloop.core.workspace import Workspace
 

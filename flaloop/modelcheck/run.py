@@ -27,8 +27,7 @@ from flaloop.bench.plan import base_ref, tree_ref, working_tree
 from flaloop.bench.record import TreeRef
 from flaloop.bench.run import triton_cache
 from flaloop.bench.session import Events
-from flaloop.core import clock, git
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import MeasurementError, UsageError
 from flaloop.core.workspace import Workspace, record_file
 from flaloop.guard.findings import apply_allowances

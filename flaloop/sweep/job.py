@@ -24,8 +24,7 @@ from flaloop.bench import evidence
 from flaloop.bench.measure import measure
 from flaloop.bench.plan import MeasurePlan
 from flaloop.bench.session import Cancelled
-from flaloop.core import files as fsutil
-from flaloop.core import git
+from flaloop.core import fsutil, git
 from flaloop.core.errors import FlaloopError
 from flaloop.core.workspace import Workspace
 from flaloop.task import gate as gate_mod

@@ -33,8 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from flaloop.core import files as fsutil
-from flaloop.core import git, procs
+from flaloop.core import fsutil, git, procs
 from flaloop.core.errors import UsageError
 from flaloop.sweep.job import Job, JobContext, JobResult, run_job
 

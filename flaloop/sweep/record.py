@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flaloop.bench.record import TreeRef
-from flaloop.core import files as fsutil
+from flaloop.core import fsutil
 from flaloop.core.errors import UsageError
 from flaloop.core.workspace import sweep_file
 

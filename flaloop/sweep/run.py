@@ -24,8 +24,7 @@ from flaloop.bench.measurement import Measurement
 from flaloop.bench.model import BenchConfig
 from flaloop.bench.plan import MeasurePlan, plan
 from flaloop.bench.record import RunRecord, TreeRef
-from flaloop.core import clock, git
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git
 from flaloop.core.workspace import shared_sweeps
 from flaloop.guard.audit import audit
 from flaloop.loop import rules

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from flaloop import __version__, inside
 from flaloop.bench.model import L2_MODES, L2_WORDS, MODES
-from flaloop.core import clock, git
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import FlaloopError, UsageError
 from flaloop.core.workspace import Workspace
 from flaloop.task import opcalls

@@ -39,8 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flaloop.core import clock, git
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import UsageError
 from flaloop.core.workspace import Workspace
 from flaloop.task import gate_integrity, testcalls

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flaloop import inside
-from flaloop.core import files as fsutil
-from flaloop.core import git, procs
+from flaloop.core import fsutil, git, procs
 from flaloop.task import gate_integrity
 
 PLUGIN_DIR = inside.SCRIPTS

@@ -40,8 +40,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli packag
     import tomli as tomllib
 
 from flaloop import inside
-from flaloop.core import files as fsutil
-from flaloop.core import git, procs
+from flaloop.core import fsutil, git, procs
 from flaloop.core.errors import StorageError, UsageError
 from flaloop.core.workspace import Workspace
 from flaloop.task import opcalls, opdecl

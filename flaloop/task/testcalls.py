@@ -22,7 +22,7 @@ import json
 import random
 from pathlib import Path
 
-from flaloop.core import files as fsutil
+from flaloop.core import fsutil
 from flaloop.core.workspace import Workspace
 
 SCHEMA = 1

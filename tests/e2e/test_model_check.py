@@ -197,7 +197,7 @@ def test_a_model_that_does_not_import_is_refused_with_exit_2_and_save_names_it_i
 # -- in the loop: the go's record, the report's section ------------------------------------------------
 
 def _record(tmp_path, name: str, *, blocked: bool = False, cand: str = "c" * 40, aa: bool = False) -> dict:
-    from flaloop.core.files import atomic_write_json
+    from flaloop.core.fsutil import atomic_write_json
 
     j = band.judge(BASE, NOISY, {"losses": [4.0, 3.9, 3.8, 3.75, 3.7], "grad_norms": BASE["grad_norms"]}
                    if blocked else dict(BASE), 3.0)

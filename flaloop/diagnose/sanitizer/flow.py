@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flaloop.bench import model as model_mod
-from flaloop.core import clock, git
-from flaloop.core import files as fsutil
+from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import UsageError
 from flaloop.core.workspace import SANITIZE_FILE, Workspace
 from flaloop.diagnose.profile import step_env
