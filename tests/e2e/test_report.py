@@ -130,7 +130,9 @@ def test_report_from_a_real_bench_has_every_field_and_plots(profiled, tmp_path):
     assert doc["environment"]["during"]["available"] is False
     assert doc["roofline"]["family"] == "softmax" and doc["roofline"]["ceilings"]["device"] == "cpu"
     assert doc["profile"]["cell"]["id"] == "B2_T64_H2_D16/fwdbwd"
-    assert doc["guard"] == {"ran": True, "blocked": False, "findings": [], "allowed": []}
+    # no rule fired; a loaded machine may add the warning that contention left a timing check unsure
+    assert {k: doc["guard"][k] for k in ("ran", "blocked", "allowed")} == {"ran": True, "blocked": False, "allowed": []}
+    assert {(f["rule"], f["severity"]) for f in doc["guard"]["findings"]} <= {("contended-unsure", "warn")}
     assert any("no varlen" in r for r in doc["risks"]) and any("A/A" in r for r in doc["risks"])
     # the worker's hello reports TileLang and CuTe DSL (absent here)
     rec = json.loads(Path(doc["records"]["claim"]).read_text())
