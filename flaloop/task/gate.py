@@ -22,8 +22,10 @@ path would silently switch the poisoning off.
 
 The baseline (ids and skip count at the base commit) comes from a collect-only run of the same
 test file in a worktree of the base, its skip markers evaluated as pytest would; only when the
-candidate skips more than that does the gate also run the whole file at the base. Both are
-cached per base commit, selection and interpreter.
+candidate skips more than that, or its test process shows in-memory changes the base's collection
+did not make, does the gate also run the whole file at the base (whose own changes while its tests
+run are then inherited, never blamed on the candidate). Both are cached per base commit, selection
+and interpreter.
 """
 
 from __future__ import annotations
@@ -383,9 +385,14 @@ def run_gate(target: Target, contract: Contract, *, k_expr: str | None = None,
                              "install pytest-xdist there, or drop --workers")
         run, oom_retry = _retry_out_of_memory(target, contract, env, watch, log_path, run, progress, timeout, gpus,
                                               cancel)
-        if run.skipped > base["skipped"] and run.exit_code is not None and run.exit_code >= 0:
-            # More skips than the base's markers declare: only a full run at the base can say
-            # whether the base skipped them too (a test body may call pytest.skip itself).
+        # More skips than the base's markers declare, or changes in the test process that the base's
+        # collection did not make: only a full run at the base can say whether the base skipped them
+        # too (a test body may call pytest.skip itself), or makes the same changes while its own tests
+        # run (a module that deletes a helper after first use, a wrapper installed at the op's first call).
+        more_skips = run.skipped > base["skipped"]
+        new_changes = gate_integrity.unexplained(run.integrity, base.get("integrity_changes"), (str(target.root),))
+        if base.get("kind") != "full" and (more_skips or new_changes) and run.exit_code is not None \
+                and run.exit_code >= 0:
             base = baseline(target, contract, k_expr, env=env, watch=watch, progress=baseline_progress,
                             timeout=timeout, kind="full", cancel=cancel)
         findings += judge(run, base, contract.import_path.split(".")[0], target.root)

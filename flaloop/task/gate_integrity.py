@@ -93,6 +93,12 @@ def keys(integrity: dict | None, trees: tuple[str, ...] = ()) -> list[str]:
     return sorted({change_key(c, trees) for c in (integrity or {}).get("changes", [])})
 
 
+def unexplained(integrity: dict | None, base_keys: list[str] | None, trees: tuple[str, ...] = ()) -> list[dict]:
+    """The changes a run saw that the base's recorded run of the same file did not make."""
+    inherited = set(base_keys or ())
+    return [c for c in (integrity or {}).get("changes", []) if change_key(c, trees) not in inherited]
+
+
 def reasons(integrity: dict, outcomes: dict[str, str], junit: dict[str, str],
             exit_code: int | None, base_keys: list[str] | None = None,
             trees: tuple[str, ...] = ()) -> list[tuple[str, str]]:
@@ -101,10 +107,7 @@ def reasons(integrity: dict, outcomes: dict[str, str], junit: dict[str, str],
     unittest.mock's asserts, a base module deleting a helper after use, a decorator the base applies)
     is the environment's or the base's doing, never the candidate's."""
     out: list[tuple[str, str]] = []
-    inherited = set(base_keys or ())
-    for c in integrity.get("changes", []):
-        if change_key(c, trees) in inherited:
-            continue
+    for c in unexplained(integrity, base_keys, trees):
         where = f" by {c['origin']}" if c.get("origin") else ""
         if c.get("setter") and c.get("setter") != c.get("origin"):
             where += f" (set from {c['setter']})"

@@ -458,3 +458,39 @@ def test_the_bases_collect_only_run_records_its_own_in_memory_changes(minifla):
 
     cached = [json.loads(p.read_text()) for p in (minifla / "profile").rglob("baseline-*.json")]
     assert cached and all(isinstance(c.get("integrity_changes"), list) for c in cached)
+
+
+# An honest base that installs a wrapper of its own at the op's first call: a collection never calls
+# the op, so only the base's full run can show that the change is the base's.
+BASE_OWN_WRAPPER = """
+    import functools, torch
+    orig = torch.Tensor.item
+    torch.Tensor.item = functools.wraps(orig)(lambda self: orig(self))
+"""
+
+
+def test_a_change_the_base_makes_only_while_its_tests_run_is_the_bases_and_a_new_one_still_red(prepared_repo, tmp_path):
+    import json
+
+    repo = tmp_path / "minifla"
+    shutil.copytree(prepared_repo, repo, symlinks=True)
+    plant(repo, "first_call", BASE_OWN_WRAPPER, wrong=False)
+    git(repo, "commit", "-qam", "the base wraps Tensor.item at the op's first call")
+    contract = repo / "profile" / f"{OP}-opt" / "contract.json"
+    doc = json.loads(contract.read_text())
+    doc["base_commit"] = git(repo, "rev-parse", "HEAD").strip()
+    contract.write_text(json.dumps(doc, indent=2))
+
+    # an honest change on that base: green, and the base ran whole once to say so
+    edit(repo / CHUNK, "    BV = min(64, block_size(V))\n", "    BV = min(64, block_size(V))  # tiles of V\n")
+    result = run(repo)
+    assert result.green, [f.message for f in result.findings]
+    assert result.baseline["kind"] == "full" and result.baseline["integrity_changes"]
+    # a change of the candidate's own beside the base's: red, and only the candidate's is named
+    edit(repo / CHUNK, "        _tune()\n", "        _tune()\n        _lenient()\n")
+    (repo / CHUNK).write_text((repo / CHUNK).read_text() + "\n\ndef _lenient():\n"
+                              + textwrap.indent(code(LENIENT_TEST_GLOBAL), "    ") + "\n")
+    edit(repo / CHUNK, *WRONG)
+    result = run(repo)
+    found = tampered(result)
+    assert found and all("assert_close" in m for m in found) and not any("item" in m for m in found), found
