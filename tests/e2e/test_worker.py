@@ -1,4 +1,4 @@
-"""Tests of flaloop/inside/worker.py driven through its pipes, as the orchestrator does.
+"""Tests of the bench worker (flaloop/inside/worker/) driven through its pipes, as the orchestrator does.
 
 A tiny fake target (a registry in FLA's interface and a pure-torch op package) is written to tmp
 dirs; the worker runs in this interpreter (which has torch) on the CPU.
