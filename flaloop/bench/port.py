@@ -4,8 +4,8 @@ bench/replay.py; the rounds: bench/sampling.py; the timed-call check: bench/time
 
 The phases are plain functions of a `SessionPort`, not methods: each reads like the story of its
 phase, and a test drives one over a small fake that has only what that phase uses
-(tests/test_testcalls.py, tests/redteam/test_timed_calls.py) or over the real Session with
-scripted workers (tests/test_session.py). `Session` is the one implementation; anything a phase
+(tests/unit/test_testcalls.py, tests/redteam/test_timed_calls.py) or over the real Session with
+scripted workers (tests/unit/test_session.py). `Session` is the one implementation; anything a phase
 needs of the session is declared here first, so none of them imports bench/session.py.
 """
 
