@@ -70,10 +70,11 @@ def check_ranking(doc: dict) -> None:
     # leave the verdict UNSURE, never the ranking
     assert honest["rank"] == 1 and honest["status"] == "ok" and honest["verdict"] in ("FASTER", "UNSURE")
     assert honest["geomean"]["speedup"] > 1.1  # under load it has read as low as 1.18
-    # the neutral change measures near 1: a few pairs on a shared 2-core CPU may still call it 15% or
-    # more either way (it read outside [0.85, 1.15] once under a full suite's load); the ranking above
-    # is what tells it from the honest one
-    assert neutral["rank"] == 2 and neutral["status"] == "ok" and 0.75 < neutral["geomean"]["speedup"] < 1.33
+    # the neutral change measures near 1, but a few pairs on a shared 2-core CPU (Ray's workers beside a
+    # second xdist worker) have read it outside [0.75, 1.33] under a full suite's load: the band only
+    # tells a measured neutral from a broken measurement; the ranking above tells it from the honest one
+    assert neutral["rank"] == 2 and neutral["status"] == "ok", neutral
+    assert 0.5 < neutral["geomean"]["speedup"] < 2.0, neutral["geomean"]
     assert cheat["status"] == "blocked" and cheat["rank"] is None and "shape-branch" in cheat["reason"]
     assert cheat["gate"] is None and cheat["record"] is None  # the static rules stopped it: no gate, no bench
     assert broken["status"] == "failed" and broken["rank"] is None
