@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,12 @@ def prepared_toy(tmp_path_factory) -> Path:
 @pytest.fixture
 def toy(prepared_toy, tmp_path) -> Path:
     return fresh_copy(prepared_toy, tmp_path / "toy")
+
+
+@pytest.fixture
+def other_job():
+    """A real process of this machine standing for another user's job on the GPU: its pid."""
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()

@@ -9,21 +9,11 @@ lists nothing at all."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from support.sessions import gpu_session
 
 from flaloop.bench import evidence
 from flaloop.core.errors import MeasurementError
-
-
-@pytest.fixture
-def other_job():
-    proc = subprocess.Popen(["sleep", "300"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
 
 
 def test_pairs_beside_another_process_are_marked_and_the_run_reads_contended_never_idle(tmp_path, monkeypatch,

@@ -21,15 +21,6 @@ from flaloop.guard import timing
 OTHER = [4242]  # a foreign pid on the GPU
 
 
-@pytest.fixture
-def other_job():
-    """A real process of this machine standing for another user's job on the GPU."""
-    proc = subprocess.Popen(["sleep", "300"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
-
-
 def shared_gpu_pairs(n: int = 24, per_call: float = 0.5, gap_us: float = 20.0, spread_us: float = 8.0,
                      cheat_us: float = 0.0, honest_tilt_us: float = 0.0, foreign=OTHER, seed: int = 1,
                      rounds: int = 2) -> list[Pair]:
