@@ -35,7 +35,11 @@ Fewer launches of a kernel that still runs (intermediates kept instead of recomp
 
 Without a GPU the "kernels" are the host's (see profile_step.py), with the step's host time outside
 any op as a row of its own, since the host's time is then the device's: the accounting still runs,
-but it cannot tell a kernel from Python, and the document says so.
+but it cannot tell a kernel from Python, and the document says so. The profile then sees the whole
+step, so nothing lies beyond it (no gap), and a bench base time unlike the profiled base step is the
+host's load at one time or the other: each round's saving is scaled by bench / profiled base step
+both ways (`whole_step`). With a GPU the time beyond the kernels is launch gaps or work the profiler
+cannot see, so only a profile slower than the bench is scaled down.
 """
 
 from __future__ import annotations
@@ -169,25 +173,36 @@ def _merge(rounds: list[dict]) -> dict:
             "launches": statistics.fmean(float(t["launches"]) for t in rounds)}
 
 
-def _round_saving(base: dict, cand: dict, bms: float | None) -> tuple[float, float]:
+def _gap(bms: float | None, kb: float, lb: float, whole_step: bool) -> float:
+    """The time per launch the bench sees beyond the kernels; none where the profile sees the whole step."""
+    return max(0.0, (bms - kb) / lb) if bms is not None and lb and not whole_step else 0.0
+
+
+def _round_saving(base: dict, cand: dict, bms: float | None, whole_step: bool = False) -> tuple[float, float]:
     """One round's explained saving and its noise, both sides profiled back to back, at the bench's
     scale: a step that load stretched beyond the bench's base time (a loaded host) stretches its
     savings alike, so they are scaled by bench / profiled base step (which is 1 whenever the profile
-    ran no slower than the bench)."""
+    ran no slower than the bench). Where the profile sees the whole step (`whole_step`: the host, no
+    GPU) a bench that load stretched beyond the profile is scaled the same way, upwards."""
     kb, kc = float(base["device_ms"]), float(cand["device_ms"])
     lb, lc = float(base["launches"]), float(cand["launches"])
-    gap = max(0.0, (bms - kb) / lb) if bms is not None and lb else 0.0
-    scale = bms / max(kb, bms) if bms and bms > 0 and kb > 0 else 1.0
+    gap = _gap(bms, kb, lb, whole_step)
+    if not (bms and bms > 0 and kb > 0):
+        scale = 1.0
+    else:
+        scale = bms / kb if whole_step else bms / max(kb, bms)
     return ((kb - kc) + (lb - lc) * gap) * scale, math.sqrt(_noise(base) + _noise(cand)) * scale
 
 
-def account_cell(cid: str, base: dict | list[dict], cand: dict | list[dict], measured: dict) -> CellAccount:
+def account_cell(cid: str, base: dict | list[dict], cand: dict | list[dict], measured: dict,
+                 whole_step: bool = False) -> CellAccount:
     """One cell's accounting from both sides' kernel tables (profile_step's `cells[id]`; a list: one
     per round, round i of each side profiled back to back) and the bench's row for it
-    (rules.compare's cell: base_ms, cand_ms, verdict)."""
+    (rules.compare's cell: base_ms, cand_ms, verdict). `whole_step`: the profile saw the whole step
+    (the host's time is the device's), so a bench and a profile of different lengths differ by load."""
     rb, rc = (base if isinstance(base, list) else [base]), (cand if isinstance(cand, list) else [cand])
     bms, cms = measured.get("base_ms"), measured.get("cand_ms")
-    rounds = [_round_saving(b, c, bms) for b, c in zip(rb, rc, strict=True)]
+    rounds = [_round_saving(b, c, bms, whole_step) for b, c in zip(rb, rc, strict=True)]
     base, cand = _merge(rb), _merge(rc)
     names = list(dict.fromkeys([k["name"] for k in base["kernels"]] + [k["name"] for k in cand["kernels"]]))
     b = {k["name"]: k for k in base["kernels"]}
@@ -198,7 +213,7 @@ def account_cell(cid: str, base: dict | list[dict], cand: dict | list[dict], mea
     kernels.sort(key=lambda k: -abs(k.delta_ms))
     kb, kc = float(base["device_ms"]), float(cand["device_ms"])
     lb, lc = float(base["launches"]), float(cand["launches"])
-    gap = max(0.0, (bms - kb) / lb) if bms is not None and lb else 0.0
+    gap = _gap(bms, kb, lb, whole_step)
     # the noise of the mean paired saving: each round's own (its steps' spread), and the rounds'
     # spread about each other (what load left after the pairing)
     within = sum(n * n for _, n in rounds) / len(rounds) ** 2
@@ -260,19 +275,20 @@ def _won(m: dict, margin: float) -> bool:
                 and m["base_ms"] > m["cand_ms"])
 
 
-def account(profiled: dict, vs_cells: list[dict], margin: float = 0.005) -> dict:
+def account(profiled: dict, vs_cells: list[dict], margin: float = 0.005, whole_step: bool = False) -> dict:
     """The whole accounting: per cell, over the cells that won, and the findings that block a go.
 
     `profiled`: {"base": {cell id: table}, "cand": {...}}; `vs_cells`: the iteration's vs-base cells
     (rules.compare). The cells checked are those whose CI lies above 1 + margin; when none does
-    (a geomean of many small wins), the total is over every cell that got faster."""
+    (a geomean of many small wins), the total is over every cell that got faster. `whole_step`: the
+    profile ran on the host, where it sees the whole step (see the module's doc)."""
     cells, findings = [], []
     any_won = any(_won(m, margin) for m in vs_cells if m["id"] in profiled["base"] and m["id"] in profiled["cand"])
     for m in vs_cells:
         cid = m["id"]
         if cid not in profiled["base"] or cid not in profiled["cand"]:
             continue
-        a = account_cell(cid, profiled["base"][cid], profiled["cand"][cid], m)
+        a = account_cell(cid, profiled["base"][cid], profiled["cand"][cid], m, whole_step)
         a.checked = _won(m, margin)
         if not any_won and a.saved_ms and a.saved_ms > 0:
             cells.append(a)  # in the total only: no single cell's share is resolved enough to hold it
@@ -383,13 +399,14 @@ def take(target, contract, iteration, *, steps: int = DEFAULT_STEPS, device: str
                                              on_cell=lambda cid, s=side: say("cell", side=s, cell=cid)))
     profiled = {s: {cid: [d["cells"][cid] for d in runs] for cid in runs[0]["cells"]
                     if all(cid in d["cells"] for d in runs)} for s, runs in sides.items()}
+    on_gpu = sides["cand"][0].get("device") == "cuda"
     doc = {"kind": "explain", "schema": 1, "op": contract.op, "created": stamp, "command": command,
            "iter": iteration.iter, "base_commit": base_commit, "cand_commit": cand_commit, "record": vs["record"],
            "steps": per_round * ROUNDS, "rounds": ROUNDS, "order": [" then ".join(o) for o in _orders(ROUNDS)],
            "device": sides["cand"][0].get("device"),
-           "kernels_are": "CUDA kernels" if sides["cand"][0].get("device") == "cuda" else
+           "kernels_are": "CUDA kernels" if on_gpu else
            "host work (no GPU): Triton kernels run by the interpreter, CPU operators and host time outside them",
-           **account(profiled, vs.get("cells") or [], vs.get("margin") or 0.005)}
+           **account(profiled, vs.get("cells") or [], vs.get("margin") or 0.005, whole_step=not on_gpu)}
     fsutil.atomic_write_json(out / EXPLAIN_FILE, doc)
     return {**doc, "_path": str(out / EXPLAIN_FILE)}
 

@@ -195,6 +195,28 @@ def test_paired_rounds_explain_an_honest_win_whatever_the_load_of_each_round():
     assert sequential["blocked"] and sequential["cells"][0]["share"] < 0.1
 
 
+def test_a_bench_the_host_load_stretched_is_read_at_the_profiles_scale_only_where_the_profile_sees_the_whole_step():
+    """On the host the profile sees the whole step (its host time is a row): a bench that ran 2.2x
+    slower than the profile (the other half of a shared CPU busy) stretched its saving alike, so an
+    honest win still fits. On a GPU the time beyond the kernels is launch gaps or unseen work, and the
+    same numbers stay a refusal; a win no kernel shows is refused on the host too, stretched or not."""
+    cand = {**BASE, "bwd_dqkw": (0.20, 1)}  # 0.4 ms of 1.6 saved
+    stretched = [measured("c", 1.6 * 2.2, 1.2 * 2.2)]
+    tables = {"base": {"c": [side(BASE), side(BASE)]}, "cand": {"c": [side(cand), side(cand)]}}
+    host = explain.account(tables, stretched, whole_step=True)
+    assert not host["blocked"] and not host["unsure"], host["findings"]
+    assert math.isclose(host["cells"][0]["share"], 1.0, rel_tol=0.02) and host["cells"][0]["gap_ms"] == 0.0
+    gpu = explain.account(tables, stretched)
+    assert gpu["blocked"] and "below 50%" in gpu["findings"][0]["message"]
+    none = explain.account({"base": {"c": [side(BASE), side(BASE)]}, "cand": {"c": [side(BASE), side(BASE)]}},
+                           stretched, whole_step=True)
+    assert none["blocked"] and "below 50%" in none["findings"][0]["message"]
+    # the profile stretched instead (the bench quiet): scaled down on both, as before
+    quiet = explain.account({"base": {"c": [scaled(side(BASE), 2.2)] * 2}, "cand": {"c": [scaled(side(cand), 2.2)] * 2}},
+                            [measured("c", 1.6, 1.2)], whole_step=True)
+    assert not quiet["blocked"] and math.isclose(quiet["cells"][0]["share"], 1.0, rel_tol=0.02)
+
+
 def test_rounds_that_disagree_make_the_explanation_unsure_not_a_refusal():
     cand = {**BASE, "bwd_dqkw": (0.20, 1)}
     quiet, odd = side(cand), side({**BASE, "bwd_dqkw": (0.58, 1)})  # round 2's candidate step hit a stall
