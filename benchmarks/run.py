@@ -198,6 +198,10 @@ def main(argv: list[str]) -> int:
         return wait(work, out, float(a.suites[1]) if len(a.suites) > 1 else 540)
     if a.background:
         work.mkdir(parents=True, exist_ok=True)
+        # an earlier run's results on the same warm machine would read as this one's end to `wait`
+        # (its goals.txt): set them aside, whole, under a name of their own
+        if (work / "out").exists():
+            (work / "out").rename(work / f"out-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
         log = open(work / "run.log", "w")  # noqa: SIM115 - handed to the child
         args = [x for x in argv if x != "--background"] + ["--out", str(work / "out")]
         subprocess.Popen([sys.executable, __file__, *args], stdout=log, stderr=subprocess.STDOUT,

@@ -55,6 +55,26 @@ def test_a_foreground_run_on_the_device_packs_its_results_into_out(tmp_path):
     assert "out/goals.txt" in names and any(n.startswith("out/machine/") for n in names), names
 
 
+def test_wait_follows_the_newest_background_run_not_an_earlier_one_on_the_same_machine(tmp_path):
+    """A warm device machine keeps --work between calls: a second detached run sets the first's results
+    aside, so `wait` neither reads the first's goals as the second's end nor loses them."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = {**os.environ, "OUT": ""}
+    for n in (1, 2):
+        r = subprocess.run([sys.executable, str(SCRIPT), "machine", "--gpus", "0", "--work", str(work),
+                            "--deadline", "60", "--background"], capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 0 and "started in the background" in r.stdout, r.stdout + r.stderr
+        if n == 1:
+            w = subprocess.run([sys.executable, str(SCRIPT), "wait", "100", "--work", str(work), "--out", str(out)],
+                               capture_output=True, text=True, timeout=120)
+            assert "ALL DONE" in w.stdout, w.stdout
+    kept = [d for d in work.iterdir() if d.name.startswith("out-")]
+    assert len(kept) == 1 and (kept[0] / "goals.txt").exists()  # the first run's results, whole
+    w = subprocess.run([sys.executable, str(SCRIPT), "wait", "100", "--work", str(work), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert "ALL DONE" in w.stdout and (work / "out" / "goals.txt").exists(), w.stdout
+
+
 def test_a_backend_goal_reads_the_backend_from_the_dispatch_record():
     """FLA's dispatch record names `op -> backend`: every call on the backend, none, or another's."""
     r = subprocess.run([sys.executable, "-c", "from suites_backends import _by\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from support.cli import flaloop
-from support.repos import OP, make_repo
+from support.repos import OP, make_repo, planted
 
 SHAPE = "B1_T64_H2_D32"
 CHUNK = "minifla/ops/linear_attn/chunk.py"
@@ -53,17 +53,15 @@ def base_repo(tmp_path_factory):
 
 def _bench(repo, plant: str | None, honest: tuple[str, str] | None = None):
     p = repo / CHUNK
-    before = p.read_text()
-    try:
-        if plant is not None:
-            assert before.count(CALL) == 1
-            p.write_text(before.replace(CALL, plant))
-        if honest is not None:
-            assert before.count(honest[0]) == 1
-            p.write_text(before.replace(*honest))
+    text = p.read_text()
+    if plant is not None:
+        assert text.count(CALL) == 1
+        text = text.replace(CALL, plant)
+    if honest is not None:
+        assert text.count(honest[0]) == 1
+        text = text.replace(*honest)
+    with planted(p, text):
         return flaloop(repo, "bench", OP, *BENCH)
-    finally:
-        p.write_text(before)
 
 
 @pytest.mark.parametrize("name", sorted(PLANTS))
@@ -101,12 +99,8 @@ def test_an_honest_change_passes_the_self_check_and_the_record_keeps_it(base_rep
 def test_no_probes_means_no_self_check(base_repo):
     # the same plant with --no-probes: measured, not checked, and the record says the probes were off
     p = base_repo / CHUNK
-    before = p.read_text()
-    try:
-        p.write_text(before.replace(CALL, PLANTS["count-on-the-input"]))
+    with planted(p, p.read_text().replace(CALL, PLANTS["count-on-the-input"])):
         r = flaloop(base_repo, "bench", OP, *BENCH, "--no-probes")
-    finally:
-        p.write_text(before)
     assert r.code in (0, 1), r.stderr[-2000:]
     [cell] = r.json["cells"]
     assert "self_check" not in (cell.get("probes") or {}) and r.json["guard"]["probes"] is False

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 from support.cli import flaloop
-from support.repos import OP, make_repo
+from support.repos import OP, make_repo, planted
 
 from flaloop.bench import timed
 from flaloop.bench.model import Cell, CellResult
@@ -96,13 +96,8 @@ def _planted(repo, name: str | None, honest: tuple[str, str] | None = None):
 
 
 def _run(repo, name: str | None, *commands, honest=None):
-    p, text = _planted(repo, name, honest)
-    before = p.read_text()
-    try:
-        p.write_text(text)
+    with planted(*_planted(repo, name, honest)):
         return [flaloop(repo, *c) for c in commands]
-    finally:
-        p.write_text(before)
 
 
 @pytest.mark.parametrize("name", sorted(PLANTS))
@@ -174,14 +169,10 @@ CAPTURED = CALL + NAME + (
 @pytest.mark.gpu
 def test_a_path_taken_only_while_captured_is_blocked_on_the_replays_it_times(base_repo):
     p = base_repo / CHUNK
-    before = p.read_text()
     gpu = ["cuda" if a == "cpu" else a for a in QUICK]
-    try:
-        p.write_text(before.replace(CALL, CAPTURED))
+    with planted(p, p.read_text().replace(CALL, CAPTURED)):
         audit = flaloop(base_repo, "audit", OP, "--json")
         r = flaloop(base_repo, "bench", OP, *gpu, env={"TRITON_INTERPRET": None})  # compiled kernels, graphs
-    finally:
-        p.write_text(before)
     assert audit.code == 0 and not [f for f in audit.json["findings"] if f.get("blocking")], audit.stdout[-2000:]
     assert r.code == 1, r.stdout[-2000:] + r.stderr[-3000:]
     [cell] = r.json["cells"]

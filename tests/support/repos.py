@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +54,18 @@ def edit(path: Path, old: str, new: str, count: int = 1) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not found in {path}"
     path.write_text(text.replace(old, new, count))
+
+
+@contextmanager
+def planted(path: Path, text: str) -> Iterator[Path]:
+    """`path` holds `text` inside the block and its own text again after it, whatever the block raised:
+    a module-scoped repo takes one plant at a time and is left as it was."""
+    before = path.read_text()
+    try:
+        path.write_text(text)
+        yield path
+    finally:
+        path.write_text(before)
 
 
 # -- a pure-torch toy target: fast enough to benchmark many times on a CPU ----------------------
