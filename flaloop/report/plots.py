@@ -33,28 +33,32 @@ def speedup_plot(doc: dict, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.6))
     y = list(range(len(labels)))[::-1]
     for yi, v, a, b, c in zip(y, vals, lo, hi, colors, strict=True):
-        ax.errorbar([v], [yi], xerr=[[v - a], [b - v]], fmt="o", color=c, capsize=4)
+        _interval_x(ax, v, yi, a, b, c)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_yticks(y, labels)
     ax.set_xlabel("speedup (base / candidate device time), 95% CI")
     ax.set_title(f"{doc['op']}: speedup per cell")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def times_plot(doc: dict, path: Path) -> Path | None:
-    return _save(times_figure(doc), path)
+    return _save(times_figure(doc), path, bbox_inches="tight")
 
 
-def _save(fig, path: Path) -> Path | None:
+def _save(fig, path: Path, **savefig) -> Path | None:
+    """`fig` as a PNG at `path` (110 dpi), closed; None for no figure."""
     if fig is None:
         return None
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110, **savefig)
     _plt().close(fig)
     return path
+
+
+def _interval_x(ax, x: float, y: float, lo: float, hi: float, color: str) -> None:
+    """One estimate on a horizontal axis with its interval as error bars."""
+    ax.errorbar([x], [y], xerr=[[x - lo], [hi - x]], fmt="o", color=color, capsize=4)
 
 
 def times_figure(doc: dict):
@@ -91,7 +95,7 @@ def times_figure(doc: dict):
 
 
 def trajectory_plot(doc: dict, path: Path) -> Path | None:
-    return _save(trajectory_figure(doc), path)
+    return _save(trajectory_figure(doc), path, bbox_inches="tight")
 
 
 def trajectory_figure(doc: dict):
@@ -160,9 +164,7 @@ def model_plot(doc: dict, path: Path) -> Path | None:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{doc['op']} in {((doc['model'].get('model') or {}).get('model_class'))}: base vs candidate")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def sweep_plot(rec, path: Path) -> Path | None:
@@ -180,8 +182,7 @@ def sweep_plot(rec, path: Path) -> Path | None:
         labels.append((y, name if len(name) <= 40 else "..." + name[-37:]))
         g = r.geomean
         if r.status == "ok" and g:
-            ax.errorbar([g["speedup"]], [y], xerr=[[g["speedup"] - g["ci_low"]], [g["ci_high"] - g["speedup"]]],
-                        fmt="o", color=fmt.verdict_color(r.verdict), capsize=4)
+            _interval_x(ax, g["speedup"], y, g["ci_low"], g["ci_high"], fmt.verdict_color(r.verdict))
         else:
             ax.text(1.0, y, f"  {r.status.upper()}", va="center", color="#cf222e" if r.status == "blocked" else "#6e7781")
     ax.axvline(1.0, color="black", lw=0.8)
@@ -191,9 +192,7 @@ def sweep_plot(rec, path: Path) -> Path | None:
     ax.set_title(f"sweep of {', '.join(rec.ops)[:60]} against {rec.base.commit[:12]}")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_plots(doc: dict, out_dir: Path) -> dict[str, str]:
