@@ -83,6 +83,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="pairs of runs, on and off alternating")
     args = ap.parse_args()
     repo, test_file, frozen = _repo(args)
+    try:
+        _measure(args, repo, test_file, frozen)
+    finally:
+        if not args.repo:  # the copy of examples/minifla made for this run
+            shutil.rmtree(repo.parent, ignore_errors=True)
+
+
+def _measure(args, repo: Path, test_file: str, frozen: list[str]) -> None:
     _once(repo, test_file, frozen, checks=False)  # compiles and warms the caches for both
     on, off, checks, check_s = [], [], 0, []
     for i in range(args.rounds):
