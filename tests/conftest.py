@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import flaloop
-from support.repos import OP, fresh_copy, make_repo, make_toy_repo
+from support.repos import INIT_ARGS, OP, fresh_copy, make_repo, make_toy_repo
 
 # the toy repo's files (its own tests/ and conftest.py among them) are copied into tmp, never collected
 collect_ignore = ["support"]
@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 def prepared_repo(tmp_path_factory) -> Path:
     """minifla as a git repo with a contract and a cached gate baseline: copy it, don't edit it."""
     repo = make_repo(tmp_path_factory.mktemp("prepared") / "minifla")
-    r = flaloop(repo, "init", OP, "--target", "1.1x", "--shapes", "B1_T64_H2_D32")
+    r = flaloop(repo, "init", OP, *INIT_ARGS)
     assert r.code == 0, r.stderr
     r = flaloop(repo, "gate", OP, "--json")
     assert r.code == 0, r.stdout + r.stderr

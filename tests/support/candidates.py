@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from support.cli import flaloop
-from support.repos import GIT_ENV, OP, edit, git
+from support.repos import GIT_ENV, INIT_ARGS, OP, edit, git
 
 CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 FUSED = Path("minifla/ops/linear_attn/fused_recurrent.py")
@@ -56,7 +56,7 @@ def make_candidates(repo: Path) -> Path:
     ~1.45x, a few pairs under a full suite's load once ranked the neutral change first)."""
     edit(repo / CHUNK, *SLOWER_CHUNK)
     git(repo, "commit", "-qam", "a sleeping chunked op")
-    r = flaloop(repo, "init", OP, "--force", "--target", "1.1x", "--shapes", "B1_T64_H2_D32")
+    r = flaloop(repo, "init", OP, "--force", *INIT_ARGS)
     assert r.code == 0, r.stderr
     branch(repo, "honest", CHUNK, "CHUNK_SIZE = 32", "CHUNK_SIZE = 64", (SLOWER_CHUNK[1], SLOWER_CHUNK[0]))
     branch(repo, "neutral", CHUNK, "CHUNK_SIZE = 32", "CHUNK_SIZE = 32  # tiles of 32 timesteps")

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# how the prepared minifla repo is initialised (tests/conftest.py), and any fixture that re-bases it
+INIT_ARGS = ("--target", "1.1x", "--shapes", "B1_T64_H2_D32")
 MINIFLA = ROOT / "examples" / "minifla"
 TOY = Path(__file__).resolve().parent / "toy"
 TOY_DISPATCH = Path(__file__).resolve().parent / "toy_dispatch"
