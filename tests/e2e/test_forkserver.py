@@ -69,9 +69,12 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
     sock = Path(fs.get("left_warm") or fs["socket"])  # left by this run, or used by it
     assert wait_for(sock.exists, 120)
     gate.write_text("sleep")
-    proc = subprocess.Popen([sys.executable, "-m", "flaloop", "bench", "toy_attn", *QUICK], cwd=toy,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "TRITON_INTERPRET": "1"})
+    # its output kept: a run that never forks must say why (a failure seen once under a full suite's load)
+    err = tmp_path / "bench.err"
+    with open(err, "w") as err_fd:
+        proc = subprocess.Popen([sys.executable, "-m", "flaloop", "bench", "toy_attn", *QUICK], cwd=toy,
+                                stdout=subprocess.DEVNULL, stderr=err_fd,
+                                env={**os.environ, "TRITON_INTERPRET": "1"})
     server = None
     try:
         def forked() -> list[int]:
@@ -84,7 +87,8 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
                 except OSError:
                     continue
             return []
-        assert wait_for(lambda: len(forked()) >= 2, 90), "no forked workers"
+        assert wait_for(lambda: len(forked()) >= 2, 90), \
+            f"no forked workers (server {server}, bench exit {proc.poll()}): {err.read_text()[-3000:]}"
         workers = forked()
         proc.kill()  # SIGKILL: no cleanup at all
         proc.wait()
