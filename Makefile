@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# The longest test modules start first (tests/conftest.py, LONGEST_FIRST): xdist keeps that order.
 # Byte-compile flaloop first: with PYTHONDONTWRITEBYTECODE=1 (set on these machines) Python never
 # writes a .pyc, and each of the suite's hundreds of processes would compile flaloop from source.
 test: setup
 	$(VPY) -m compileall -q flaloop
-	TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 --dist loadscope tests
+	TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests
 
 demo: setup
 	$(VPY) -m compileall -q flaloop

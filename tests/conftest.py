@@ -29,7 +29,25 @@ def _own_user_cache(tmp_path_factory):
     forkservers.stop_all()
 
 
+# The modules that set the suite's wall on the 2-core CI machine, longest first (each module's
+# summed test time under `-n 2`: 64-133 s, docs/lab/2026-12-04-cpu.md R26). Each xdist worker takes
+# the next module when it is free (`--dist loadscope --no-loadscope-reorder`, the Makefile), so
+# these start first and the in-process unit modules fill the end, where one worker would otherwise
+# finish a long module alone. A module not named here keeps its place, before tests/unit/.
+LONGEST_FIRST = ["e2e/test_gate.py", "redteam/test_gate_tamper.py", "e2e/test_sweep_ray_ops.py",
+                 "e2e/test_sweep.py", "e2e/test_bench.py", "e2e/test_sanitize.py", "e2e/test_loop.py",
+                 "e2e/test_bad_input.py"]
+
+
+def _module_rank(item) -> tuple[int, int]:
+    rel = Path(str(item.path)).relative_to(Path(__file__).parent).as_posix()
+    if rel in LONGEST_FIRST:
+        return 0, LONGEST_FIRST.index(rel)
+    return (2 if rel.startswith("unit/") else 1), 0
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_module_rank)  # stable: a module's tests keep their order
     try:
         import torch
         has_gpu = torch.cuda.is_available()
