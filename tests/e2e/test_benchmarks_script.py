@@ -3,6 +3,7 @@ every plan names suites that exist, and `wait` on a run that never started says 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,27 @@ def test_a_backend_goal_reads_the_backend_from_the_dispatch_record():
                        cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "False", "False", "False"]
+
+
+def test_the_suite_log_plugin_writes_each_test_and_the_summary_reads_it(tmp_path):
+    """benchmarks/suite_log.py as a pytest plugin over a tiny suite of its own, then as the summary."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_a.py").write_text("import time\n\ndef test_slow():\n    time.sleep(0.3)\n\ndef test_fast():\n    pass\n")
+    (suite / "test_b.py").write_text("def test_one():\n    pass\n")
+    logs = tmp_path / "log"
+    env = {**os.environ, "SUITE_LOG_DIR": str(logs), "PYTHONPATH": str(ROOT / "benchmarks")}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "suite_log", "-p", "no:cacheprovider", str(suite)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [p.name for p in logs.iterdir()] == ["main.jsonl"] and len((logs / "main.jsonl").read_text().splitlines()) == 6
+    s = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_log.py"), str(logs), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0, s.stderr
+    doc = json.loads(s.stdout)
+    assert doc["tests"][0][0].endswith("test_a.py::test_slow") and doc["tests"][0][1] >= 0.3
+    assert doc["modules"][0][0].endswith("test_a.py") and doc["end_gap_s"] == 0.0
+    missing = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_log.py"), str(tmp_path / "none")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "-p suite_log" in missing.stderr

@@ -78,15 +78,23 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
     server = None
     try:
         def forked() -> list[int]:
+            # A forked worker keeps the server's command line, and once pids wrap around (32768 on
+            # the CI machine, a few suites' worth of processes) it can be listed before its server:
+            # the server is the one process of that command line whose parent does not have it.
             nonlocal server
+            found = {}
             for p in Path("/proc").glob("[0-9]*"):
                 try:
-                    if b"--forkserver" in (p / "cmdline").read_bytes() and str(sock).encode() in (p / "cmdline").read_bytes():
-                        server = int(p.name)
-                        return children(server)
-                except OSError:
+                    cmd = (p / "cmdline").read_bytes()
+                    if b"--forkserver" in cmd and str(sock).encode() in cmd:
+                        found[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
                     continue
-            return []
+            roots = [pid for pid, ppid in found.items() if ppid not in found]
+            if len(roots) != 1:
+                return []
+            server = roots[0]
+            return children(server)
         assert wait_for(lambda: len(forked()) >= 2, 90), \
             f"no forked workers (server {server}, bench exit {proc.poll()}): {err.read_text()[-3000:]}"
         workers = forked()
