@@ -30,7 +30,7 @@ def _own_user_cache(tmp_path_factory):
 
 
 # The test modules longest first, those over 15 s (each module's summed test time under `-n 2` on
-# the 2-core CI machine, 15-145 s: docs/lab/2026-12-04-cpu.md R26). Each xdist worker takes the next
+# the 2-core machine CI runs on, 15-145 s: docs/lab/2026-12-04-cpu.md R26). Each xdist worker takes the next
 # module when it is free (`--dist loadscope --no-loadscope-reorder`, the Makefile), so these start
 # first and the short modules fill the end, where one worker would otherwise finish a long module
 # alone. A module not named here keeps its place after them, tests/unit/ last.

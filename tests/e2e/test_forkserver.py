@@ -78,8 +78,8 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
     server = None
     try:
         def forked() -> list[int]:
-            # A forked worker keeps the server's command line, and once pids wrap around (32768 on
-            # the CI machine, a few suites' worth of processes) it can be listed before its server:
+            # A forked worker keeps the server's command line, and once pids wrap around (`pid_max` 32768 on
+            # the 2-core machine, a few suites' worth of processes) it can be listed before its server:
             # the server is the one process of that command line whose parent does not have it.
             nonlocal server
             found = {}
