@@ -60,6 +60,9 @@ def summarize(log_dir: Path) -> dict:
     if not files:
         raise FileNotFoundError(f"no <worker>.jsonl in {log_dir}: run pytest with -p suite_log and SUITE_LOG_DIR set")
     events = {f.stem: [json.loads(line) for line in f.read_text().splitlines() if line.strip()] for f in files}
+    events = {worker: evs for worker, evs in events.items() if evs}
+    if not events:
+        raise ValueError(f"the logs in {log_dir} hold no test: did pytest run any with -p suite_log?")
     t0 = min(e["t"] for evs in events.values() for e in evs)
     workers, tests, modules = {}, {}, defaultdict(float)
     for worker, evs in events.items():

@@ -240,7 +240,7 @@ def test_paths_with_spaces_and_non_ascii_letters(tmp_path):
     # what blocked or failed, when it did (exit 1 once under a full suite's load, with only the
     # progress lines to read)
     doc = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
-    said = {"guard": doc.get("guard", {}).get("findings"), "errors": doc.get("errors"),
+    said = {"guard": (doc.get("guard") or {}).get("findings"), "errors": doc.get("errors"),
             "cells": [(c.get("verdict"), c.get("status"), c.get("reason"), c.get("findings"))
                       for c in doc.get("cells", [])]}
     assert r.code == 0, f"{said}\n{r.stderr[-2000:]}"

@@ -109,3 +109,8 @@ def test_the_suite_log_plugin_writes_each_test_and_the_summary_reads_it(tmp_path
     missing = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_log.py"), str(tmp_path / "none")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "-p suite_log" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "gw0.jsonl").write_text("")
+    empty = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_log.py"), str(tmp_path / "empty")],
+                           capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and "hold no test" in empty.stderr

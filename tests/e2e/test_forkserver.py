@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from support.cli import flaloop
-from support.procs import alive, wait_for
+from support.procs import alive, ppid, wait_for
 from support.repos import edit
 
 from flaloop.bench import forkservers
@@ -86,11 +86,11 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
             for p in Path("/proc").glob("[0-9]*"):
                 try:
                     cmd = (p / "cmdline").read_bytes()
-                    if b"--forkserver" in cmd and str(sock).encode() in cmd:
-                        found[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
+                except OSError:
                     continue
-            roots = [pid for pid, ppid in found.items() if ppid not in found]
+                if b"--forkserver" in cmd and str(sock).encode() in cmd:
+                    found[int(p.name)] = ppid(int(p.name))
+            roots = [pid for pid, parent in found.items() if parent is not None and parent not in found]
             if len(roots) != 1:
                 return []
             server = roots[0]

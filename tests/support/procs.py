@@ -17,6 +17,12 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[1])
 
 
+def ppid(pid: int) -> int | None:
+    """The parent of a process, None when it is gone."""
+    st = _stat(pid)
+    return st[1] if st else None
+
+
 def alive(pid: int) -> bool:
     st = _stat(pid)
     return st is not None and st[0] not in ("Z", "X")  # a zombie has finished running

@@ -228,7 +228,6 @@ def test_a_package_that_imports_its_own_modules_is_no_circle_unless_one_imports_
     assert "pkg.rules (line 1) -> pkg.rules.one (line 1) -> pkg.rules" in msg
 
 
-
 def test_the_modules_the_suite_starts_first_exist():
     """tests/conftest.py orders the longest modules first by name: a renamed one would lose its place."""
     import conftest
