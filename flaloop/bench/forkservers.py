@@ -95,6 +95,17 @@ def preload_file(python: str, op: str, import_mode: str) -> Path:
     return fsutil.user_cache_dir() / "preload" / f"{k}.json"
 
 
+def remembered(path: Path) -> list[str]:
+    """The modules an op's workers imported, in import order (inside/worker/op_import.py), as kept
+    in its preload file; torch and triton where none is kept yet. The bench's workers and the
+    gate's test process look for a server of this list, so that one warm server serves both."""
+    try:
+        names = json.loads(path.read_text())
+        return [n for n in names if isinstance(n, str)]
+    except (OSError, ValueError, TypeError):
+        return ["torch", "triton"]
+
+
 def socket_path(k: str, ext: str = "sock") -> Path:
     """The server's socket, or a file beside it: its log, preload listing, or why it failed."""
     return socket_dir() / f"fs-{k}.{ext}"
@@ -172,7 +183,7 @@ class ForkServer:
 
     def spawn(self, argv: list[str], cwd: Path, env: dict, log) -> tuple[int, object, object]:
         """Fork a worker with exactly `env` as its environment, watching this flaloop process: its
-        pid and the two ends of its pipes (bench/launcher.ForkedProc watches it)."""
+        pid and the two ends of its pipes (ForkedProc watches it)."""
         env = {**env, "FLALOOP_LIFELINE": "1", "FLALOOP_LIFELINE_PID": str(os.getpid())}
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -201,6 +212,44 @@ class ForkServer:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+class ForkedProc:
+    """A worker forked by the fork server (not our child: watched through /proc)."""
+
+    # A process whose main thread has exited shows as a zombie while its other threads (torch's
+    # pool) are still being torn down, and its parent cannot reap it until they are gone: the
+    # server then has no status yet. Asked again for this long before the status counts as lost.
+    REAP_GRACE_S = 2.0
+
+    def __init__(self, server: ForkServer, pid: int, stdin, stdout) -> None:
+        self.server, self.pid, self.stdin, self.stdout = server, pid, stdin, stdout
+        self._code: int | None = None
+        self._gone_at: float | None = None
+
+    def poll(self) -> int | None:
+        if self._code is None and not procs.running(self.pid):
+            self._code = self.server.returncode(self.pid)
+            if self._code is None:
+                now = time.monotonic()
+                self._gone_at = self._gone_at or now
+                if now - self._gone_at >= self.REAP_GRACE_S:
+                    self._code = -1  # gone, and the server never reported its status
+        return self._code
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.poll() is not None:
+                return self._code
+            time.sleep(0.05)
+        return None
+
+    def kill(self) -> None:
+        procs.kill_group(self.pid, lambda: self.poll() is None, lambda t: self.wait(t) is not None)
+        for f in (self.stdin, self.stdout):
+            with contextlib.suppress(OSError):
+                f.close()
 
 
 def starting(python: str, env: dict, preload: list[str]) -> Path | None:

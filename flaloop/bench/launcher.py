@@ -18,15 +18,13 @@ Tests hand a session a launcher of scripted fake workers (tests/unit/test_sessio
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Protocol
 
 from flaloop import inside
 from flaloop.bench import forkservers
-from flaloop.bench.forkservers import ForkServer
+from flaloop.bench.forkservers import ForkedProc, ForkServer
 from flaloop.bench.workers import WorkerClient
 from flaloop.core import fsutil, procs
 from flaloop.core.errors import StorageError
@@ -70,44 +68,6 @@ class SpawnedProc:
 
     def kill(self) -> None:
         kill_group(self.pid, lambda: self.p.poll() is None, lambda t: self.wait(t) is not None)
-
-
-class ForkedProc:
-    """A worker forked by the fork server (not our child: watched through /proc)."""
-
-    # A process whose main thread has exited shows as a zombie while its other threads (torch's
-    # pool) are still being torn down, and its parent cannot reap it until they are gone: the
-    # server then has no status yet. Asked again for this long before the status counts as lost.
-    REAP_GRACE_S = 2.0
-
-    def __init__(self, server: ForkServer, pid: int, stdin, stdout) -> None:
-        self.server, self.pid, self.stdin, self.stdout = server, pid, stdin, stdout
-        self._code: int | None = None
-        self._gone_at: float | None = None
-
-    def poll(self) -> int | None:
-        if self._code is None and not procs.running(self.pid):
-            self._code = self.server.returncode(self.pid)
-            if self._code is None:
-                now = time.monotonic()
-                self._gone_at = self._gone_at or now
-                if now - self._gone_at >= self.REAP_GRACE_S:
-                    self._code = -1  # gone, and the server never reported its status
-        return self._code
-
-    def wait(self, timeout: float) -> int | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.poll() is not None:
-                return self._code
-            time.sleep(0.05)
-        return None
-
-    def kill(self) -> None:
-        kill_group(self.pid, lambda: self.poll() is None, lambda t: self.wait(t) is not None)
-        for f in (self.stdin, self.stdout):
-            with contextlib.suppress(OSError):
-                f.close()
 
 
 def worker_args(side: str, tree: Path, registry: Path, op: str, device: str, workdir: Path,
@@ -181,19 +141,12 @@ class ForkLauncher(SpawnLauncher):
         super().__init__(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu)
         self.server_env = env  # the key's environment: without the device, which the fork hands each child
         self.preload_file = preload_file
-        self.preload = self._read_preload()
+        self.preload = forkservers.remembered(preload_file)
         self.seen: dict[str, None] = {}  # third-party modules this run's workers imported, in order
         self.server: ForkServer | None = None
         self.leaving = True
         self.owner: str | None = None  # the checkout whose server this run leaves warm (forkservers.start)
         self._connect()
-
-    def _read_preload(self) -> list[str]:
-        try:
-            names = json.loads(self.preload_file.read_text())
-            return [n for n in names if isinstance(n, str)]  # in import order (worker/op_import.py)
-        except (OSError, ValueError):
-            return ["torch", "triton"]
 
     def _connect(self) -> None:
         self.server = ForkServer.connect(self.python, self.server_env, self.preload)

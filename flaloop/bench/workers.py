@@ -32,7 +32,7 @@ class WorkerClient:
     """One long-lived worker process speaking JSON lines over pipes.
 
     `proc` has `pid`, `stdin`, `stdout`, `poll()`, `wait(timeout)` and `kill()`
-    (launcher.SpawnedProc or launcher.ForkedProc); `log` is its stderr (procs.CappedLog)."""
+    (launcher.SpawnedProc or forkservers.ForkedProc); `log` is its stderr (procs.CappedLog)."""
 
     def __init__(self, side: str, tree: Path, proc, log, forked: bool = False):
         self.side, self.tree, self.proc, self._log = side, tree, proc, log

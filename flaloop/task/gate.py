@@ -41,6 +41,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from flaloop.bench import forkservers
 from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import UsageError
 from flaloop.core.workspace import Workspace
@@ -126,6 +127,13 @@ class GateResult:
 
 # -- baseline at the base commit ----------------------------------------------------------------
 
+def warm_preload(target: Target, contract: Contract) -> list[str]:
+    """The module list of the fork server a bench of this op leaves warm: a test process without
+    xdist workers is forked from it when it runs (pytest_run.warm_server), saving the import of
+    torch and the op's libraries that a fresh interpreter pays at every gate."""
+    return forkservers.remembered(forkservers.preload_file(target.python, contract.op, "full"))
+
+
 def _baseline_key(contract: Contract, k_expr: str | None, python: str, kind: str) -> str:
     h = hashlib.sha256(json.dumps([contract.base_commit, contract.test_file, k_expr, python, kind]).encode())
     return f"{contract.base_commit[:12]}-{kind}-{h.hexdigest()[:10]}"
@@ -163,7 +171,8 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
     with git.worktree(target.root, contract.base_commit, "base") as wt:
         run = run_pytest(target.python, wt, contract.test_file, k_expr=k_expr, env=env, package=package,
                          watch=watch, log_path=cache.with_suffix(".log"), progress=progress, timeout=timeout,
-                         collect_only=kind == "collect", cancel=cancel, frozen=[f.path for f in contract.frozen])
+                         collect_only=kind == "collect", cancel=cancel, frozen=[f.path for f in contract.frozen],
+                         preload=warm_preload(target, contract))
         # what the base's own process changed (installed plugins, the base's modules): never the candidate's
         base_changes = gate_integrity.keys(run.integrity, (str(wt),))
     ok_codes = (0,) if kind == "collect" else (0, 1)
@@ -290,7 +299,8 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
     def candidate(n: int, cancel: threading.Event | None = None) -> PytestRun:
         return run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env, package=package,
                           watch=watch, log_path=log_path, progress=progress, timeout=timeout, workers=n, gpus=gpus,
-                          cancel=cancel, callrec=callrec, frozen=[f.path for f in contract.frozen])
+                          cancel=cancel, callrec=callrec, frozen=[f.path for f in contract.frozen],
+                          preload=warm_preload(target, contract))
 
     base = _cached_baseline(target, contract, k_expr, "collect")
     if base is not None:
@@ -442,7 +452,7 @@ def _retry_out_of_memory(target: Target, contract: Contract, env: dict[str, str]
     again = run_pytest(target.python, target.root, contract.test_file, k_expr=None, env=env,
                        package=contract.import_path.split(".")[0], watch=watch, log_path=alone_log,
                        progress=progress, timeout=timeout, workers=0, gpus=gpus, cancel=cancel, node_ids=ids,
-                       frozen=[f.path for f in contract.frozen])
+                       frozen=[f.path for f in contract.frozen], preload=warm_preload(target, contract))
     passed = [i for i in ids if again.outcomes.get(i) == "passed"]
     retry = {"ids": ids, "workers": len(run.workers), "passed_alone": passed,
              "still_failing": {i: (again.crashes.get(i) or {}).get("message") or again.outcomes.get(i, "did not run")

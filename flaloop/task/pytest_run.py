@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flaloop import inside
+from flaloop.bench import forkservers
 from flaloop.core import fsutil, git, procs
 from flaloop.task import gate_integrity
 
@@ -55,6 +56,7 @@ class PytestRun:
     crashes: dict[str, dict] = field(default_factory=dict)  # failed id -> {when, message} (pytest's one line)
     integrity: dict | None = None  # gate_integrity.collect(); None where it was not asked for
     junit_outcomes: dict[str, str] = field(default_factory=dict)
+    forked: bool = False  # from a warm fork server (`warm_server`), not a fresh interpreter
 
     @property
     def ran(self) -> int:
@@ -99,17 +101,79 @@ def read_events(path: Path) -> list[dict]:
     return events
 
 
+# -- a warm interpreter for the test process ------------------------------------------------------
+
+def _provides(d: Path, name: str) -> bool:
+    """Whether directory `d`, on sys.path, holds a module or regular package `name`."""
+    import importlib.machinery
+
+    if (d / name / "__init__.py").exists() or (d / f"{name}.py").exists() or (d / f"{name}.pyc").exists():
+        return True
+    return any((d / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def warm_server(python: str, env: dict[str, str], preload: list[str], package: str,
+                path_dirs: list[Path]) -> tuple[forkservers.ForkServer | None, str]:
+    """The warm fork server the test process may be forked from, or None and why not.
+
+    It is the one a bench of the op left for this interpreter, environment and preload list
+    (bench/forkservers.py); none is started here. A forked test process finds the server's
+    libraries imported, so it is forked only where a fresh one would have imported the same: the
+    server holds nothing of the target package, and no directory that goes before the interpreter's
+    own on the test's sys.path (`path_dirs`: the working directory, flaloop's plugin directory, the
+    tree) holds a module named like one the server imported (a tree's own `triton/` would shadow
+    the installed one in a fresh interpreter)."""
+    server = forkservers.ForkServer.connect(python, env, preload, wait=False)
+    if server is None:
+        return None, "no fork server was warm for this interpreter, environment and preload"
+    tops = server.ready.get("tops")
+    why = ""
+    if not isinstance(tops, list):
+        why = "the warm fork server does not list the modules it imported"
+    elif package in tops:
+        why = f"the warm fork server imported {package}, the package under test"
+    else:
+        shadow = next((f"{d}/{n}" for n in tops if isinstance(n, str) and n.isidentifier()
+                       for d in path_dirs if _provides(d, n)), None)
+        if shadow is not None:
+            why = f"{shadow} would stand in for a module the warm fork server imported from elsewhere"
+    if why:
+        server.close()
+        return None, why
+    return server, ""
+
+
+class _ForkedPytest:
+    """The test process forked by a warm server, waited on and killed as a Popen is."""
+
+    def __init__(self, proc: forkservers.ForkedProc):
+        self.proc, self.pid, self.returncode = proc, proc.pid, None
+
+    def poll(self) -> int | None:
+        self.returncode = self.proc.poll()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.proc.wait(1e9 if timeout is None else timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired("pytest", timeout or 0.0)
+        self.returncode = code
+        return code
+
+
 def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, env: dict[str, str],
                package: str, watch: tuple[str, ...], log_path: Path,
                progress: Progress | None = None, timeout: float | None = None,
                collect_only: bool = False, workers: int = 0, gpus: list[str] | None = None,
                cancel: threading.Event | None = None, node_ids: list[str] | None = None,
-               callrec: Path | None = None, frozen: list[str] | None = None) -> PytestRun:
+               callrec: Path | None = None, frozen: list[str] | None = None,
+               preload: list[str] | None = None) -> PytestRun:
     """Run the test file of `tree` via a neutral symlink (or, with `node_ids`, those tests of it);
     collect junit, events and the log. With `callrec` (a directory), the test's calls into the
     package are recorded there (inside/scripts/flaloop_callrec.py; only a run at the base is asked to).
     `frozen` (paths relative to the tree) are the files whose code the plugin holds the test
-    process to."""
+    process to. With `preload` (a fork server's module list) and no xdist workers, pytest is forked
+    from a warm server of that list where `warm_server` allows it, and spawned otherwise."""
     tmp = git.neutral_tempdir("flaloop-gate-")
     try:
         link = tmp / "tree"
@@ -145,11 +209,25 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
             log = procs.CappedLog(log_path, head=16 << 20, tail=4 << 20, header="$ " + " ".join(cmd) + "\n")
         except OSError as exc:
             raise fsutil.storage_error(exc, log_path) from exc
+        server = None
+        if preload is not None and not workers:
+            server, _ = warm_server(python, env, preload, package, [tmp, PLUGIN_DIR, link])
         t0 = time.monotonic()
         try:
-            # pytest and its xdist workers die with flaloop, even by SIGKILL (see flaloop.core.procs)
-            proc = procs.spawn(cmd, cwd=tmp, env=run_env, stdout=log.fd, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL)
+            proc = None
+            if server is not None:
+                try:  # it watches this flaloop through its lifeline (inside/worker/__main__.py)
+                    pid, stdin, stdout = server.spawn(["--pytest", *cmd[3:]], tmp, run_env, log)
+                    for end in (stdin, stdout):  # its stdin reads nothing, as DEVNULL; it speaks no protocol
+                        end.close()
+                    proc = _ForkedPytest(forkservers.ForkedProc(server, pid, None, None))
+                except RuntimeError:  # the server refused or is gone: a fresh interpreter
+                    server.close()
+                    server = None
+            if proc is None:
+                # pytest and its xdist workers die with flaloop, even by SIGKILL (see flaloop.core.procs)
+                proc = procs.spawn(cmd, cwd=tmp, env=run_env, stdout=log.fd, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
             log.started()
             try:
                 _wait(proc, events, progress, timeout, t0, cancel)
@@ -157,6 +235,8 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                 _kill(proc)  # xdist workers may linger after pytest itself exited
         finally:
             log.close()
+            if server is not None:
+                server.close()
         wall = time.monotonic() - t0
         evs = read_events(events)
         # Under xdist every worker collects and finishes: merge what they saw.
@@ -172,7 +252,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
         for e in collected_evs + finish_evs:
             env_inside.update(e.get("env", {}))
         first = collected_evs[0] if collected_evs else {}
-        run = PytestRun(exit_code=proc.returncode, selected=first.get("ids", []), outcomes=outcomes,
+        run = PytestRun(exit_code=proc.returncode, forked=server is not None, selected=first.get("ids", []), outcomes=outcomes,
                         crashes=crashes, wall_s=wall, package_file=(outside or files or [None])[0], env_inside=env_inside,
                         marker_skips=first.get("marker_skips"),
                         workers={e["worker"]: e.get("cuda_visible_devices") for e in collected_evs if e.get("worker")})
@@ -190,7 +270,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _wait(proc: subprocess.Popen, events: Path, progress: Progress | None, timeout: float | None,
+def _wait(proc: subprocess.Popen | _ForkedPytest, events: Path, progress: Progress | None, timeout: float | None,
           t0: float, cancel: threading.Event | None = None) -> None:
     total, done, seen = 0, 0, 0
     while True:
@@ -216,7 +296,7 @@ def _wait(proc: subprocess.Popen, events: Path, progress: Progress | None, timeo
             return
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen | _ForkedPytest) -> None:
     # SIGINT first: pytest then still writes its summary and JUnit file
     procs.kill_popen(proc, (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
 

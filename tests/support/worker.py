@@ -167,10 +167,10 @@ def fork_server(env: dict):
 
 
 class Forked:
-    """A forked worker (flaloop.bench.launcher.ForkedProc) as much like a Popen as these tests use."""
+    """A forked worker (flaloop.bench.forkservers.ForkedProc) as much like a Popen as these tests use."""
 
     def __init__(self, server, forked):
-        from flaloop.bench.launcher import ForkedProc
+        from flaloop.bench.forkservers import ForkedProc
 
         proc = ForkedProc(server, *forked)
         self.proc, self.pid, self.stdin, self.stdout = proc, proc.pid, proc.stdin, proc.stdout

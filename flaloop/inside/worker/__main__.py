@@ -48,6 +48,9 @@ def _forkserver(argv) -> int:
 
     def entry(proto, args):
         _arm_lifeline()  # in the forked child: it watches the flaloop that asked for it
+        if args[:1] == ['--pytest']:  # the gate's test process, not a worker: it speaks no protocol
+            proto.close()
+            return forkserver.run_pytest(args[1:])
         return server.main(proto, args)
 
     return forkserver.serve(path, names, entry, key=opts.get('--key', ''), idle_s=float(opts.get('--idle', 900)))

@@ -17,9 +17,11 @@ at every connection: a stale library is never forked).
 
 Wire: one JSON message a request; a spawn request also carries three fds (stdin, stdout, stderr
 of the child) by SCM_RIGHTS. On connect the server first sends its greeting:
-  {"ok": true, "pid": N, "key": KEY, "preload": {...}, "cuda_initialized": false}  (or ok false)
+  {"ok": true, "pid": N, "key": KEY, "preload": {...}, "cuda_initialized": false, "tops": [...]}  (or ok false)
+      (tops: the top-level names of the modules it holds, which a forked child finds imported)
   {"cmd": "spawn", "argv": [...], "cwd": DIR, "env": {...}} -> {"ok": true, "pid": N} or {"ok": false, "error": ...}
-      (env is the child's whole environment)
+      (env is the child's whole environment; argv `--pytest ARGS...` makes the child the gate's
+      `python -m pytest ARGS...` (run_pytest), any other argv a benchmark worker)
   {"cmd": "status", "pid": N} -> {"ok": true, "returncode": int | null}   (null: still running)
   {"cmd": "exit"} -> {"ok": true}, then the server exits
 """
@@ -126,6 +128,25 @@ def _child(req: dict, fds: list[int], close: list[socket.socket], entry) -> None
         os._exit(code or 0)
 
 
+def run_pytest(args: list[str]) -> int:
+    """In a forked child: `python -m pytest ARGS` as a fresh interpreter started in this directory
+    with this environment would run it, but with the server's libraries already imported.
+
+    sys.path becomes what that interpreter would have: the working directory, then PYTHONPATH,
+    then the interpreter's own entries (the server's, without its script's directory). Whether a
+    name the server imported would have come from the tree instead is the orchestrator's check,
+    made before it asks for the fork (flaloop/task/pytest_run.py)."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    front = [os.getcwd()] + [os.path.abspath(p) for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+    rest = [p for p in sys.path if p and os.path.realpath(p) != here and p not in front]
+    sys.path[:] = front + rest
+    importlib.invalidate_caches()
+    sys.argv = ['pytest', *args]
+    import runpy
+    runpy.run_module('pytest', run_name='__main__', alter_sys=True)  # raises SystemExit with pytest's code
+    return 0
+
+
 def _note_failure(failed: str, why: str) -> None:
     """A server that cannot serve for this key leaves the reason beside its socket: no run starts
     another one for the key until `flaloop clean` removes it."""
@@ -182,7 +203,7 @@ def serve(path: str, names: list[str], entry, *, key: str, idle_s: float) -> int
         _unlink(starting)  # listening, or never will: no run need wait for it any more
     me = _ident(path)
     ready = {'ok': True, 'pid': os.getpid(), 'key': key, 'preload': info, 'cuda_initialized': False,
-             'modules': len(stamps)}
+             'modules': len(stamps), 'tops': sorted({name.split('.')[0] for name in sys.modules})}
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     conns: list[socket.socket] = []
