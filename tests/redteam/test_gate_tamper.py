@@ -494,3 +494,48 @@ def test_a_change_the_base_makes_only_while_its_tests_run_is_the_bases_and_a_new
     result = run(repo)
     found = tampered(result)
     assert found and all("assert_close" in m for m in found) and not any("item" in m for m in found), found
+
+
+def test_a_test_process_forked_from_a_warm_server_judges_as_a_fresh_one(minifla, tmp_path):
+    """The gate's pytest forks from the fork server a bench of the op leaves warm, where a fresh
+    interpreter would import the same: the same plant is red with the same findings either way, an
+    untouched tree green; a directory on the test's path that shadows a module the server holds,
+    or the package under test among them, keeps the test process fresh."""
+    from support.procs import wait_for
+
+    from flaloop.bench import forkservers
+    from flaloop.task.gate import warm_preload
+    from flaloop.task.pytest_run import clean_env, warm_server
+
+    target = Target.discover(minifla)
+    contract = Contract.load(target, OP)
+    env, preload = clean_env(target.extra_strip_env())[0], warm_preload(target, contract)
+    forkservers.stop_all()  # this worker's servers: the first run below must start fresh
+    plant(minifla, "first_call", LENIENT_TEST_GLOBAL)
+    fresh = run(minifla, k=None)
+    assert not fresh.run.forked and any("assert_close" in m for m in tampered(fresh)), fresh.findings
+
+    assert forkservers.start(target.python, env, preload) is not None
+    server = wait_for(lambda: forkservers.ForkServer.connect(target.python, env, preload), 120, step=0.5)
+    assert server is not None, "the fork server never came up"
+    tops = server.ready["tops"]
+    server.close()
+    assert {"torch", "triton"} <= set(tops) and "minifla" not in tops
+    forked = run(minifla, k=None)
+    assert forked.run.forked
+    assert [(f.kind, f.message) for f in forked.findings] == [(f.kind, f.message) for f in fresh.findings]
+    assert (forked.run.passed, forked.run.failed, forked.run.selected) == \
+        (fresh.run.passed, fresh.run.failed, fresh.run.selected)
+    _reset(minifla)
+    clean = run(minifla, k=None)
+    assert clean.run.forked and clean.green, [(f.kind, f.message) for f in clean.findings]
+
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text("")
+    kept, why = warm_server(target.python, env, preload, "minifla", [tmp_path])
+    assert kept is None and f"{tmp_path}/triton would stand in" in why
+    kept, why = warm_server(target.python, env, preload, "torch", [])
+    assert kept is None and "imported torch, the package under test" in why
+    kept, why = warm_server(target.python, env, preload, "minifla", [tmp_path / "triton"])
+    assert kept is not None and why == ""
+    kept.close()
