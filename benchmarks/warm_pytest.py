@@ -2,8 +2,9 @@
 interpreter that imported torch, triton and pytest once.
 
 The suite's CPU goes mostly to the gate's pytest processes (docs/lab/2026-12-03-cpu.md, R24), and a
-fresh one pays the imports every time; this measures what a warm start would leave of each run,
-before anyone builds one. Each run is a plain `pytest -q <test file>` (no gate plugin: its cost is
+fresh one pays the imports every time; this measures what a warm start leaves of each run, the
+test file alone. The gate now forks its pytest from the bench's warm fork server where it can
+(flaloop/task/pytest_run.py, `warm_server`); benchmarks/gate_forked.py times the gate itself so. Each run is a plain `pytest -q <test file>` (no gate plugin: its cost is
 benchmarks/gate_integrity_cost.py's question), cold and warm alternating, CPU from RUSAGE_CHILDREN.
 
 On the CPU, a copy of examples/minifla under the Triton interpreter:
