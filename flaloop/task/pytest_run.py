@@ -57,6 +57,7 @@ class PytestRun:
     integrity: dict | None = None  # gate_integrity.collect(); None where it was not asked for
     junit_outcomes: dict[str, str] = field(default_factory=dict)
     forked: bool = False  # from a warm fork server (`warm_server`), not a fresh interpreter
+    fresh_why: str = ""  # why not forked (empty when it was)
 
     @property
     def ran(self) -> int:
@@ -204,14 +205,17 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                    "FLALOOP_GATE_TREE": str(link), "FLALOOP_GATE_FROZEN": os.pathsep.join(frozen or []),
                    # pytest cuts its `FAILED id - reason` lines at the terminal width
                    "COLUMNS": "400"}
+        server, fresh_why = None, "xdist workers: each starts fresh" if workers else "no preload list was given"
+        if preload is not None and not workers:
+            server, fresh_why = warm_server(python, env, preload, package, [tmp, PLUGIN_DIR, link])
+        how = f"# forked by the warm fork server {server.pid}\n" if server is not None else f"# fresh: {fresh_why}\n"
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = procs.CappedLog(log_path, head=16 << 20, tail=4 << 20, header="$ " + " ".join(cmd) + "\n")
+            log = procs.CappedLog(log_path, head=16 << 20, tail=4 << 20, header="$ " + " ".join(cmd) + "\n" + how)
         except OSError as exc:
+            if server is not None:
+                server.close()
             raise fsutil.storage_error(exc, log_path) from exc
-        server = None
-        if preload is not None and not workers:
-            server, _ = warm_server(python, env, preload, package, [tmp, PLUGIN_DIR, link])
         t0 = time.monotonic()
         try:
             proc = None
@@ -221,9 +225,9 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                     for end in (stdin, stdout):  # its stdin reads nothing, as DEVNULL; it speaks no protocol
                         end.close()
                     proc = _ForkedPytest(forkservers.ForkedProc(server, pid, None, None))
-                except RuntimeError:  # the server refused or is gone: a fresh interpreter
+                except RuntimeError as exc:  # the server refused or is gone: a fresh interpreter
                     server.close()
-                    server = None
+                    server, fresh_why = None, str(exc)
             if proc is None:
                 # pytest and its xdist workers die with flaloop, even by SIGKILL (see flaloop.core.procs)
                 proc = procs.spawn(cmd, cwd=tmp, env=run_env, stdout=log.fd, stderr=subprocess.STDOUT,
@@ -252,7 +256,8 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
         for e in collected_evs + finish_evs:
             env_inside.update(e.get("env", {}))
         first = collected_evs[0] if collected_evs else {}
-        run = PytestRun(exit_code=proc.returncode, forked=server is not None, selected=first.get("ids", []), outcomes=outcomes,
+        run = PytestRun(exit_code=proc.returncode, forked=server is not None, fresh_why="" if server else fresh_why,
+                        selected=first.get("ids", []), outcomes=outcomes,
                         crashes=crashes, wall_s=wall, package_file=(outside or files or [None])[0], env_inside=env_inside,
                         marker_skips=first.get("marker_skips"),
                         workers={e["worker"]: e.get("cuda_visible_devices") for e in collected_evs if e.get("worker")})

@@ -514,6 +514,7 @@ def test_a_test_process_forked_from_a_warm_server_judges_as_a_fresh_one(minifla,
     plant(minifla, "first_call", LENIENT_TEST_GLOBAL)
     fresh = run(minifla, k=None)
     assert not fresh.run.forked and any("assert_close" in m for m in tampered(fresh)), fresh.findings
+    assert fresh.run.fresh_why.startswith("no fork server was warm")
 
     assert forkservers.start(target.python, env, preload) is not None
     server = wait_for(lambda: forkservers.ForkServer.connect(target.python, env, preload), 120, step=0.5)
@@ -522,7 +523,8 @@ def test_a_test_process_forked_from_a_warm_server_judges_as_a_fresh_one(minifla,
     server.close()
     assert {"torch", "triton"} <= set(tops) and "minifla" not in tops
     forked = run(minifla, k=None)
-    assert forked.run.forked
+    assert forked.run.forked and forked.run.fresh_why == ""
+    assert "# forked by the warm fork server" in Path(forked.log_path).read_text()
     assert [(f.kind, f.message) for f in forked.findings] == [(f.kind, f.message) for f in fresh.findings]
     assert (forked.run.passed, forked.run.failed, forked.run.selected) == \
         (fresh.run.passed, fresh.run.failed, fresh.run.selected)
