@@ -125,14 +125,17 @@ class GateResult:
 # -- one pytest run -----------------------------------------------------------------------------
 
 
-# -- baseline at the base commit ----------------------------------------------------------------
+# -- the test process's warm interpreter -----------------------------------------------------------
 
 def warm_preload(target: Target, contract: Contract) -> list[str]:
     """The module list of the fork server a bench of this op leaves warm: a test process without
     xdist workers is forked from it when it runs (pytest_run.warm_server), saving the import of
-    torch and the op's libraries that a fresh interpreter pays at every gate."""
+    torch and the op's libraries that a fresh interpreter pays at every gate. The list of
+    the bench's `--import full` workers: the test imports the op as users do."""
     return forkservers.remembered(forkservers.preload_file(target.python, contract.op, "full"))
 
+
+# -- baseline at the base commit ----------------------------------------------------------------
 
 def _baseline_key(contract: Contract, k_expr: str | None, python: str, kind: str) -> str:
     h = hashlib.sha256(json.dumps([contract.base_commit, contract.test_file, k_expr, python, kind]).encode())
