@@ -8,10 +8,11 @@ depend on: the interpreter, the environment and the list of modules to preload. 
 code is among the files the server imported, and the server checks those files at every
 connection, so an edit of flaloop, torch or any preloaded library retires it.
 
-With none warm for its key a run spawns its workers as before and starts one, detached, as it
-ends (`start`), with the modules its workers imported. A run that finds one of its key still
-preloading (on the H200 about 10 s, against 10-17 s of import in each spawned worker) waits for
-it, at most STARTING_WAIT_S.
+With none warm for its key a run starts one, detached (`start`), and waits for it, at most
+STARTING_WAIT_S: one import in the server (on the H200 about 10 s) instead of one in every
+spawned worker (10-17 s each, a warm-up pair and a pair per round). So does a run that finds one
+of its key still preloading. As a run ends it starts one with the modules its workers imported,
+when they are more than its server preloaded.
 The server exits after FLALOOP_FORKSERVER_IDLE_S seconds without a connection (default 300: a loop's
 benches follow each other within minutes, and each server holds ~275 MB). A server belongs to the
 checkout whose run started it (its `.owner` file): starting one stops that checkout's other servers
@@ -25,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -337,7 +339,7 @@ def start(python: str, env: dict, preload: list[str], owner: str | None = None) 
         if owner is not None:
             for other in _owned(sock.parent, owner, python):
                 if other != sock:
-                    _stop(other)
+                    stop(other)
             fsutil.atomic_write_text(socket_path(k, "owner"),
                                      json.dumps({"root": owner, "python": os.path.realpath(python)}))
         _make_room(sock.parent, MAX_SERVERS - 1)
@@ -368,10 +370,17 @@ def _make_room(d: Path, keep: int) -> None:
         with contextlib.suppress(OSError):
             socks.append((p.stat().st_mtime, p))
     for _, path in sorted(socks, reverse=True)[keep:]:
-        _stop(path)
+        stop(path)
 
 
-def _stop(path: Path) -> bool:
+def stop(path: Path) -> bool:
+    """Ask the server of socket `path` to exit; one of its key still preloading is killed."""
+    with contextlib.suppress(OSError, ValueError):
+        k = path.name[len("fs-"):-len(".sock")]
+        if not path.exists() and (pid := _starting_pid(k)) is not None:
+            os.killpg(pid, signal.SIGKILL)  # its own session (`start`): it and anything it forked
+            socket_path(k, "starting").unlink()
+            return True
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(5.0)
     try:
@@ -394,7 +403,7 @@ def stop_all(owner: str | None = None) -> int:
         d = socket_dir()
     except (OSError, RuntimeError):
         return 0
-    n = sum(_stop(path) for path in (d.glob("fs-*.sock") if owner is None else _owned(d, owner)))
+    n = sum(stop(path) for path in (d.glob("fs-*.sock") if owner is None else _owned(d, owner)))
     for f in [p for ext in ("preload", "log", "failed", "starting", "owner") for p in d.glob(f"fs-*.{ext}")]:
         if not (d / (f.name.rsplit(".", 1)[0] + ".sock")).exists():
             with contextlib.suppress(OSError):

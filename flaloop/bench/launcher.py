@@ -7,9 +7,11 @@ side and round. Two are real:
   import of torch and the target: 10-17 s for FLA on the H200);
 - `ForkLauncher`: forks workers from a warm fork server that imported the target's third-party
   libraries once (bench/forkservers.py; FLA's own import then took 1.9 s a worker). With none warm
-  it spawns, and as the run ends it leaves a server preloading what its workers imported. A forked
-  child that cannot run (a library broken by fork, CUDA initialised before it) makes it spawn from
-  then on (`fall_back`).
+  it starts one and forks from it once it listens: the server pays the import once, where every
+  spawned worker would pay it again (a run starts a warm-up pair and a pair per round). It spawns
+  when that server does not come up in time or cannot run, and as the run ends it leaves a server
+  preloading what its workers imported. A forked child that cannot run (a library broken by fork,
+  CUDA initialised before it) makes it spawn from then on (`fall_back`).
 
 Tests hand a session a launcher of scripted fake workers (tests/unit/test_session.py): anything with
 `start`, `fall_back`, `note_imported`, `pids`, `describe` and `close` will do.
@@ -137,7 +139,7 @@ class ForkLauncher(SpawnLauncher):
     spawned when there is none; leaves one warm for the next run."""
 
     def __init__(self, *, python: str, op: str, registry: Path, device: str, env: dict, preload_file: Path,
-                 gpu: str | None = None):
+                 gpu: str | None = None, owner: str | None = None):
         super().__init__(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu)
         self.server_env = env  # the key's environment: without the device, which the fork hands each child
         self.preload_file = preload_file
@@ -145,21 +147,28 @@ class ForkLauncher(SpawnLauncher):
         self.seen: dict[str, None] = {}  # third-party modules this run's workers imported, in order
         self.server: ForkServer | None = None
         self.leaving = True
-        self.owner: str | None = None  # the checkout whose server this run leaves warm (forkservers.start)
+        self.owner = owner  # the checkout whose server this run leaves warm (forkservers.start)
+        self.own_server: Path | None = None  # the socket of the server this run started, if it started one
         self._connect()
 
     def _connect(self) -> None:
         self.server = ForkServer.connect(self.python, self.server_env, self.preload)
+        if self.server is None and forkservers.failure(self.python, self.server_env, self.preload) is None:
+            # none warm: start one and fork from it once it listens (or spawn, if it does not in time)
+            self.own_server = forkservers.start(self.python, self.server_env, self.preload, owner=self.owner)
+            if self.own_server is not None:
+                self.server = ForkServer.connect(self.python, self.server_env, self.preload)
         if self.server is not None:
             ready = self.server.ready
             self.forkserver = {"used": True, "why": "", "preload": ready.get("preload"), "pid": ready.get("pid"),
-                               "socket": str(self.server.path)}
+                               "socket": str(self.server.path), "started": self.own_server is not None}
         elif (why := forkservers.failure(self.python, self.server_env, self.preload)) is not None:
             self.forkserver = {"used": False, "why": f"a fork server cannot run for this key: {why}; spawned "
                                                      "(`flaloop clean` lets the next run try again)"}
         else:
             self.forkserver = {"used": False, "why": "no fork server was warm for this interpreter, environment "
-                                                     "and preload: spawned (one is left for the next run)"}
+                                                     "and preload, and none came up within "
+                                                     f"{forkservers.STARTING_WAIT_S:.0f} s of being started: spawned"}
 
     def start(self, side: str, tree: Path, log_path: Path, import_mode: str) -> WorkerClient:
         if self.server is not None:
@@ -212,6 +221,9 @@ class ForkLauncher(SpawnLauncher):
         if self.server is not None:
             self.server.close()
             self.server = None
+        if self.own_server is not None and not (leave_warm and self.leaving):
+            # an interrupted run, or one whose forked workers could not run, leaves no server it started
+            forkservers.stop(self.own_server)
 
 
 def make_launcher(*, forkserver: bool, python: str, op: str, registry: Path, device: str, env: dict,
@@ -227,9 +239,7 @@ def make_launcher(*, forkserver: bool, python: str, op: str, registry: Path, dev
                                  "from its first import", side_env={"cand": cand_env})
     if not forkserver:
         return SpawnLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu)
-    launcher = ForkLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu,
-                            preload_file=forkservers.preload_file(python, op, import_mode))
-    launcher.owner = owner
-    return launcher
+    return ForkLauncher(python=python, op=op, registry=registry, device=device, env=env, gpu=gpu,
+                        preload_file=forkservers.preload_file(python, op, import_mode), owner=owner)
 
 

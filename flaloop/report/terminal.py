@@ -205,7 +205,10 @@ def print_bench(record: RunRecord, console: Console) -> None:
         console.print(f"the warm-up compiled or tuned ({record.primed['new_cache_entries']} new Triton cache "
                       "entries): k calibrated afresh by the measuring workers")
     fs = env.get("forkserver") or {}
-    if fs.get("used"):
+    if fs.get("used") and fs.get("started"):
+        console.print(f"workers forked from a fork server this run started (pid {fs.get('pid')}); it stays warm "
+                      "for the next run (`flaloop clean` stops it)")
+    elif fs.get("used"):
         console.print(f"workers forked from a warm fork server (pid {fs.get('pid')})")
     elif fs.get("left_warm"):
         console.print("workers spawned; a fork server is left warm for the next run (`flaloop clean` stops it)")

@@ -1,6 +1,6 @@
-"""The warm fork server: a bench that found none spawns its workers and leaves one; the next forks
-from it; its forked workers die with the flaloop that asked for them; an edited library retires
-it; `flaloop clean` stops it."""
+"""The warm fork server: a bench that found none starts one and forks from it; the next forks from
+the same one; its forked workers die with the flaloop that asked for them; an edited library
+retires it; `flaloop clean` stops it."""
 
 from __future__ import annotations
 
@@ -37,13 +37,14 @@ def test_the_next_bench_forks_from_the_server_the_first_left_and_clean_stops_it(
     first = flaloop(toy, "bench", "toy_attn", "--aa", "--json", *QUICK, env=own)
     assert first.code == 0, first.stderr[-3000:]
     fs = first.json["env"]["forkserver"]
-    assert fs["used"] is False and "spawned (one is left for the next run)" in fs["why"]
-    sock = Path(fs["left_warm"])
-    # started at once: the server is still preloading, and the run waits for it rather than spawn
+    # none was warm for this key: the run started one and forked its workers from it
+    assert fs["used"] is True and fs["started"] is True and fs["why"] == "", fs
+    sock = Path(fs["socket"])
     second = flaloop(toy, "bench", "toy_attn", "--aa", "--json", *QUICK, env=own)
     assert second.code == 0, second.stderr[-3000:]
     fs2 = second.json["env"]["forkserver"]
-    assert fs2["used"] is True and fs2["preload"]["n"] >= 2 and not fs2["preload"]["failed"], fs2
+    assert fs2["used"] is True and fs2["started"] is False and fs2["socket"] == str(sock), fs2
+    assert fs2["preload"]["n"] >= 2 and not fs2["preload"]["failed"] and fs2["pid"] == fs["pid"], fs2
     assert sock.exists() and not sock.with_suffix(".starting").exists()
     assert all(c["status"] == "ok" and c.get("estimate") for c in second.json["cells"]), second.json["cells"]
     server = fs2["pid"]
@@ -51,6 +52,9 @@ def test_the_next_bench_forks_from_the_server_the_first_left_and_clean_stops_it(
     assert alive(server) and wait_for(lambda: not children(server), 10), children(server)
     human = flaloop(toy, "bench", "toy_attn", "--aa", *QUICK, "--rounds", "1", env=own)
     assert f"workers forked from a warm fork server (pid {server})" in human.stdout, human.stdout
+    # another key: the run starts its own server, says so, and (one per checkout) stops the first
+    other = flaloop(toy, "bench", "toy_attn", "--aa", *QUICK, "--rounds", "1", env={"FS_TEST_ENV": f"{toy}/other"})
+    assert "workers forked from a fork server this run started" in other.stdout, other.stdout
     cleaned = flaloop(toy, "clean", "toy_attn", "--json")
     assert cleaned.code == 0 and cleaned.json["forkservers_stopped"] >= 1
     assert wait_for(lambda: not alive(server), 10) and not sock.exists()
@@ -184,14 +188,14 @@ def test_a_worker_forked_with_a_module_of_its_tree_refuses_and_the_run_spawns(to
     listing.parent.mkdir(parents=True, exist_ok=True)
     listing.write_text('["torch", "helper_mod"]')
     try:
+        # the run starts a server of that list, whose forked workers refuse: it spawns them instead
         first = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1", env=env)
         assert first.code == 0, first.stderr[-3000:]
-        assert wait_for(Path(first.json["env"]["forkserver"]["left_warm"]).exists, 120)
-        second = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1", env=env)
-        assert second.code == 0, second.stderr[-3000:]
-        fs = second.json["env"]["forkserver"]
+        fs = first.json["env"]["forkserver"]
         assert fs["used"] is False and "modules of the tree were loaded before the worker started" in fs["why"], fs
-        assert all(c["status"] == "ok" for c in second.json["cells"])
+        assert all(c["status"] == "ok" for c in first.json["cells"])
+        # and stops the server it started: one whose workers refuse this tree is not left warm
+        assert fs["started"] is True and wait_for(lambda: not Path(fs["socket"]).exists(), 10), fs
     finally:  # the learned list is shared by every test of this op
         if learned is None:
             listing.unlink(missing_ok=True)
@@ -231,6 +235,36 @@ def test_a_run_waits_for_a_starting_server_only_while_it_can_still_come(tmp_path
     assert time.monotonic() - t0 < 0.5
     marker.write_text(f"{dead.pid}\n")
     assert forkservers.starting(sys.executable, env, ["torch"]) is None
+
+
+def test_a_server_started_for_a_run_that_does_not_come_up_in_time_costs_a_spawn_and_is_stopped(tmp_path,
+                                                                                                 monkeypatch):
+    """A run with no server warm starts one and waits for it at most STARTING_WAIT_S; past that its
+    workers are spawned, and a run that leaves nothing warm (interrupted) stops the one still preloading."""
+    import time
+
+    from flaloop.bench.launcher import ForkLauncher
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "slow_to_import.py").write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "preload.json").write_text('["slow_to_import"]')
+    env = {**os.environ, "PYTHONPATH": str(lib), "ONLY_THIS_TEST": str(tmp_path)}
+    monkeypatch.setattr(forkservers, "STARTING_WAIT_S", 2.0)
+    t0 = time.monotonic()
+    launcher = ForkLauncher(python=sys.executable, op="toy_attn", registry=tmp_path / "registry.py", device="cpu",
+                            env=env, preload_file=tmp_path / "preload.json", owner=str(tmp_path))
+    try:
+        assert 1.9 <= time.monotonic() - t0 < 10
+        fs = launcher.describe()
+        assert fs["used"] is False and "none came up within 2 s of being started: spawned" in fs["why"], fs
+        k = forkservers.key(sys.executable, env, ["slow_to_import"])
+        preloading = int(forkservers.socket_path(k, "starting").read_text())
+        assert alive(preloading)
+    finally:
+        launcher.close(leave_warm=False)
+    assert wait_for(lambda: not alive(preloading), 10), "the server still preloading outlived the run that started it"
+    assert not forkservers.socket_path(k).exists() and not forkservers.socket_path(k, "starting").exists()
 
 
 def test_one_server_per_checkout_whatever_shell_started_it_and_clean_stops_only_its_own(tmp_path):
