@@ -16,6 +16,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   aa        12-cell A/A of chunk_delta_rule (|bias| <= 0.25%, no FASTER/SLOWER)
   slowdown  a planted extra pass over the output: SLOWER on every cell
   cycle     one cell, 2 rounds, warm: wall time of `flaloop bench` (goal <= 15 s)
+  forked    the fork server from cold on one GPU: a bench that starts one, the next bench, and a gate
+            with --workers 0 forked from it against the same gate started fresh, alternated
   verify    `flaloop verify` (12 cells) against FLA's `benchmarks.ops.verify --base HEAD`, warm
   guard     planted cheats on FLA (patched elapsed_time, allow_tf32, naive delegation) and an
             honest autotune change: verdicts and findings; the probes' cost with and without
@@ -88,6 +90,7 @@ from suites_measure import (
     suite_aa_slowdown,
     suite_cycle,
     suite_first_pair,
+    suite_forked,
     suite_gate,
     suite_machine,
     suite_slowdown,
@@ -111,7 +114,7 @@ from suites_tools import (
 )
 
 SUITES = {"smoke": suite_smoke, "machine": suite_machine, "gate": suite_gate, "aa": suite_aa_slowdown, "slowdown": suite_slowdown,
-          "cycle": suite_cycle, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
+          "cycle": suite_cycle, "forked": suite_forked, "first-pair": suite_first_pair, "verify": suite_verify, "guard": suite_guard, "faults": suite_faults,
           "loop": suite_loop, "profile": suite_profile, "report": suite_report, "selftest": suite_selftest,
           "sweep": suite_sweep, "evidence": suite_evidence, "plants": suite_plants, "reach": suite_reach, "survey": suite_survey, "integrity": suite_integrity, "l2": suite_l2,
           "timer-load": suite_timer_load,
