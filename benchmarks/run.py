@@ -16,8 +16,8 @@ Suites (each writes OUT/<suite>/ and prints `GOAL <name>: MET|NOT MET: ...` line
   aa        12-cell A/A of chunk_delta_rule (|bias| <= 0.25%, no FASTER/SLOWER)
   slowdown  a planted extra pass over the output: SLOWER on every cell
   cycle     one cell, 2 rounds, warm: wall time of `flaloop bench` (goal <= 15 s)
-  forked    the fork server from cold on one GPU: a bench that starts one, the next bench, and a gate
-            with --workers 0 forked from it against the same gate started fresh, alternated
+  forked    the fork server from cold on one GPU: a bench that starts one and the next bench; then the
+            unchanged tree's gate on one test (-k), twice: green
   verify    `flaloop verify` (12 cells) against FLA's `benchmarks.ops.verify --base HEAD`, warm
   guard     planted cheats on FLA (patched elapsed_time, allow_tf32, naive delegation) and an
             honest autotune change: verdicts and findings; the probes' cost with and without

@@ -450,6 +450,45 @@ def test_a_change_the_bases_own_process_makes_too_is_inherited_and_only_that_one
     assert len(_reasons(evs)) == 3
 
 
+# In the test's process, the checks' own module: annotations a library reads on a class after the
+# snapshot, and a method planted over a base class's, on the MRO the H200 showed.
+ANNOTATIONS_READ = """
+import collections.abc, json, sys, importlib.util
+sys.path.insert(0, sys.argv[1].rpartition("/")[0])  # its sibling flaloop_gate_frozen, as the plugin loads it
+spec = importlib.util.spec_from_file_location("flaloop_gate_integrity", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+collections.abc.Iterable.__annotations__  # read before the snapshot: Iterable holds one
+guard = mod.Integrity(sys.argv[2], [])
+guard.snapshot_libraries()
+guard._take_class(collections.abc.Sequence)  # Sized before Iterable in its MRO
+out = {}
+collections.abc.Sized.__annotations__  # read after it: the interpreter adds an empty dict to Sized
+out["read"] = [c["what"] for c in guard.check()]
+collections.abc.Sized.__iter__ = lambda self: iter(())  # a method over Iterable's
+out["planted"] = [c["what"] for c in guard.check()]
+print(json.dumps(out))
+"""
+
+
+def test_annotations_a_library_reads_are_no_change_but_a_method_over_a_base_class_is(tmp_path):
+    """On the H200 an unchanged FLA tree read red: a library read collections.abc.Sized's
+    annotations during the run, which makes the interpreter add an empty `__annotations__` to the
+    class, over its later base Iterable's. That is no change; a method planted the same way is one."""
+    import json
+    import subprocess
+    import sys
+
+    from flaloop import inside
+
+    r = subprocess.run([sys.executable, "-c", ANNOTATIONS_READ, str(inside.script("flaloop_gate_integrity.py")),
+                        str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["read"] == [], got
+    assert got["planted"] == ["collections.abc.Sized.__iter__ (over its base class's)"], got
+
+
 def test_the_bases_collect_only_run_records_its_own_in_memory_changes(minifla):
     _reset(minifla)
     result = run(minifla)

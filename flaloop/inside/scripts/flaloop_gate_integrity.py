@@ -49,6 +49,11 @@ VOLATILE = {("_pytest.assertion.util", "_reprcompare"), ("_pytest.assertion.util
             ("flaloop_lifeline", "_armed")}
 # pytest's packages, one library for `_library_own`: pytest sets state on its own classes and
 # modules while it runs (the debugger's config, legacy ini readers).
+# Names the interpreter itself adds to a class, as an empty dict, the first time they are read:
+# `cls.__annotations__` on a class that has none (Python 3.11 and 3.12 both store it), which any
+# library that inspects annotations does. On the H200 an unchanged FLA tree read red when one
+# appeared on collections.abc.Sized, whose later base in a library class's MRO already had one.
+MATERIALIZED = ("__annotations__",)
 RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "xdist", "execnet")
 _compile = builtins.compile
 _isinstance = builtins.isinstance
@@ -363,6 +368,8 @@ class Integrity:
                 continue
             for name in set(own) - keys:  # a new name that hides a base class's method
                 cur = own[name]
+                if name in MATERIALIZED and _isinstance(cur, dict) and not cur:
+                    continue
                 if any(name in vars(b) for b in mro[mro.index(klass) + 1:] if b is not object) \
                         and not self._legit(cur, (id(klass), name)) and not self._library_own(label, None, cur):
                     out.append(Change("rebind", f"{label}.{name} (over its base class's)", self.blame(cur),
