@@ -206,8 +206,8 @@ def print_bench(record: RunRecord, console: Console) -> None:
                       "entries): k calibrated afresh by the measuring workers")
     fs = env.get("forkserver") or {}
     if fs.get("used") and fs.get("started"):
-        console.print(f"workers forked from a fork server this run started (pid {fs.get('pid')}); it stays warm "
-                      "for the next run (`flaloop clean` stops it)")
+        console.print(f"workers forked from a fork server this run started (pid {fs.get('pid')}, "
+                      f"{fs.get('start_wait_s')} s to preload); it stays warm for the next run (`flaloop clean` stops it)")
     elif fs.get("used"):
         console.print(f"workers forked from a warm fork server (pid {fs.get('pid')})")
     elif fs.get("left_warm"):
