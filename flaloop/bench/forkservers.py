@@ -336,6 +336,11 @@ def start(python: str, env: dict, preload: list[str], owner: str | None = None) 
         sock = socket_path(k)
         if socket_path(k, "failed").exists():
             return None
+        if not _claim(k):  # another run is starting this key's server: wait for that one
+            return sock
+    except (OSError, RuntimeError):
+        return None
+    try:
         if owner is not None:
             for other in _owned(sock.parent, owner, python):
                 if other != sock:
@@ -347,6 +352,7 @@ def start(python: str, env: dict, preload: list[str], owner: str | None = None) 
         fsutil.atomic_write_text(listing, "\n".join(preload) + "\n")
         log = open(socket_path(k, "log"), "w")  # noqa: SIM115 - handed to the child
     except (OSError, RuntimeError):
+        _unclaim(k)
         return None
     server_env = {n: v for n, v in env.items() if n not in ("FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID")}
     try:
@@ -355,12 +361,38 @@ def start(python: str, env: dict, preload: list[str], owner: str | None = None) 
                              env=server_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(sock.parent),
                              start_new_session=True, close_fds=True)
     except OSError:
+        _unclaim(k)
         return None
     finally:
         log.close()
     with contextlib.suppress(OSError):  # the next run waits for it rather than spawn (the server removes it)
         fsutil.atomic_write_text(socket_path(k, "starting"), f"{p.pid}\n")
     return sock
+
+
+def _claim(k: str) -> bool:
+    """Take key `k`'s `.starting` marker for this process (its pid, until the server's replaces
+    it), unless a live one is there: two runs that find no server at once start one, not two
+    (sweep lanes on several GPUs share a key: the device is not part of it)."""
+    marker = socket_path(k, "starting")
+    for _ in range(2):
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            if _starting_pid(k) is not None:
+                return False
+            continue  # a stale marker, removed by _starting_pid: try once more
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return True
+    return False
+
+
+def _unclaim(k: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        marker = socket_path(k, "starting")
+        if int(marker.read_text().strip()) == os.getpid():
+            marker.unlink()
 
 
 def _make_room(d: Path, keep: int) -> None:
@@ -377,7 +409,7 @@ def stop(path: Path) -> bool:
     """Ask the server of socket `path` to exit; one of its key still preloading is killed."""
     with contextlib.suppress(OSError, ValueError):
         k = path.name[len("fs-"):-len(".sock")]
-        if not path.exists() and (pid := _starting_pid(k)) is not None:
+        if not path.exists() and (pid := _starting_pid(k)) is not None and pid != os.getpid():
             os.killpg(pid, signal.SIGKILL)  # its own session (`start`): it and anything it forked
             socket_path(k, "starting").unlink()
             return True

@@ -267,6 +267,36 @@ def test_a_server_started_for_a_run_that_does_not_come_up_in_time_costs_a_spawn_
     assert not forkservers.socket_path(k).exists() and not forkservers.socket_path(k, "starting").exists()
 
 
+def test_two_runs_that_find_none_warm_at_once_start_one_server(tmp_path):
+    """Sweep lanes share a key (the device is not part of it): the second start finds the first's
+    `.starting` marker live and leaves the starting to it; stopping it kills the one preloading."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "slow_to_import.py").write_text("import time\ntime.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(lib), "ONLY_THIS_TEST": str(tmp_path)}
+    k = forkservers.key(sys.executable, env, ["slow_to_import"])
+
+    def servers() -> list[int]:
+        found = []
+        for p in Path("/proc").glob("[0-9]*"):
+            try:
+                if f"--key\0{k}\0".encode() in (p / "cmdline").read_bytes():
+                    found.append(int(p.name))
+            except OSError:
+                continue
+        return found
+
+    first = forkservers.start(sys.executable, env, ["slow_to_import"])
+    marker = forkservers.socket_path(k, "starting")
+    pid = int(marker.read_text())
+    try:
+        assert forkservers.start(sys.executable, env, ["slow_to_import"]) == first
+        assert int(marker.read_text()) == pid and wait_for(lambda: servers() == [pid], 5), servers()
+    finally:
+        assert forkservers.stop(first)
+    assert wait_for(lambda: not alive(pid), 10) and not marker.exists()
+
+
 def test_one_server_per_checkout_whatever_shell_started_it_and_clean_stops_only_its_own(tmp_path):
     """The terminal's and the MCP server's environments differ in how output is drawn, not in what is
     imported: one key. A checkout's new server replaces its old one; `clean` (stop_all with an
