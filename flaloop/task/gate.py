@@ -119,12 +119,6 @@ class GateResult:
             key=d.get("key"), reused_from=d.get("reused_from"), oom_retry=d.get("oom_retry"))
 
 
-# -- environment --------------------------------------------------------------------------------
-
-
-# -- one pytest run -----------------------------------------------------------------------------
-
-
 # -- the test process's warm interpreter -----------------------------------------------------------
 
 def warm_preload(target: Target, contract: Contract) -> list[str]:
