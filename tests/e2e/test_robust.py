@@ -145,6 +145,38 @@ def test_a_killed_gate_takes_pytest_and_its_xdist_workers_along(toy, tmp_path):
         shutil.rmtree(private, ignore_errors=True)
 
 
+def test_a_killed_gate_takes_its_pytest_forked_by_the_warm_server_along(toy, tmp_path, monkeypatch):
+    """Without xdist workers the gate's pytest is the fork server's child, not flaloop's: killed
+    outright, flaloop cannot take it along, and its lifeline must."""
+    from flaloop.bench import forkservers
+    from flaloop.task.contract import Contract
+    from flaloop.task.gate import warm_preload
+    from flaloop.task.pytest_run import clean_env
+    from flaloop.task.target import Target
+
+    sleepy(toy)
+    mark = tmp_path / "mark"
+    for name, value in (("TOY_MARK", str(mark)), ("TOY_SLEEP", "120"), ("TRITON_INTERPRET", "1")):
+        monkeypatch.setenv(name, value)
+    target = Target.discover(toy)
+    env, preload = clean_env(target.extra_strip_env())[0], warm_preload(target, Contract.load(target, "toy_attn"))
+    forkservers.start(target.python, env, preload)  # the gate's key: as a bench of the op leaves one
+    server = wait_for(lambda: forkservers.ForkServer.connect(target.python, env, preload), 120, step=0.5)
+    assert server is not None, "the fork server never came up"
+    server_pid = server.pid
+    server.close()
+    proc = start(toy, "gate", "toy_attn")
+    try:
+        assert wait_for(lambda: marked(mark), 120), "the gate's test never ran the op"
+        forked = [p for p in descendants(server_pid)]
+        assert forked and not [p for p in forked if p in descendants(proc.pid)]  # the server's, not flaloop's
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert wait_for(lambda: not [p for p in forked if alive(p)], 10), "the forked pytest outlived flaloop"
+    assert alive(server_pid)
+
+
 # -- two runs at once -----------------------------------------------------------------------------
 
 def test_a_second_run_on_the_same_op_waits_or_fails_with_no_wait(toy, tmp_path):
