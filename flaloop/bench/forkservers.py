@@ -330,14 +330,15 @@ def _owned(d: Path, owner: str, python: str | None = None) -> list[Path]:
 def start(python: str, env: dict, preload: list[str], owner: str | None = None) -> Path | None:
     """Start a fork server for this key, detached (it outlives this flaloop); don't wait for it.
     Its own session, no parent-death signal: the one child of flaloop that is meant to stay. With
-    `owner` (the checkout's root), the owner's other servers of this interpreter are stopped first."""
+    `owner` (the checkout's root), the owner's other servers of this interpreter are stopped first.
+    Its socket, or None when it could not start or another run is starting one of this key."""
     k = key(python, env, preload)
     try:
         sock = socket_path(k)
         if socket_path(k, "failed").exists():
             return None
-        if not _claim(k):  # another run is starting this key's server: wait for that one
-            return sock
+        if not _claim(k):  # another run is starting this key's server: the caller may wait for it
+            return None
     except (OSError, RuntimeError):
         return None
     try:

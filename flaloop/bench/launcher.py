@@ -159,8 +159,8 @@ class ForkLauncher(SpawnLauncher):
             # none warm: start one and fork from it once it listens (or spawn, if it does not in time)
             t0 = time.monotonic()
             self.own_server = forkservers.start(self.python, self.server_env, self.preload, owner=self.owner)
-            if self.own_server is not None:
-                self.server = ForkServer.connect(self.python, self.server_env, self.preload)
+            # ours, or one another run began starting a moment ago
+            self.server = ForkServer.connect(self.python, self.server_env, self.preload)
             self.start_wait_s = round(time.monotonic() - t0, 2)
         if self.server is not None:
             ready = self.server.ready

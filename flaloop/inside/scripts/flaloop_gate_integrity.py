@@ -47,13 +47,13 @@ LIB_PREFIXES = ("pytest", "_pytest", "pluggy", "xdist", "flaloop_gate_plugin", "
 VOLATILE = {("_pytest.assertion.util", "_reprcompare"), ("_pytest.assertion.util", "_assertion_pass"),
             ("_pytest.assertion.util", "_config"), ("builtins", "_"), ("_pytest.assertion.rewrite", "_config"),
             ("flaloop_lifeline", "_armed")}
-# pytest's packages, one library for `_library_own`: pytest sets state on its own classes and
-# modules while it runs (the debugger's config, legacy ini readers).
 # Names the interpreter itself adds to a class, as an empty dict, the first time they are read:
 # `cls.__annotations__` on a class that has none (Python 3.11 and 3.12 both store it), which any
 # library that inspects annotations does. On the H200 an unchanged FLA tree read red when one
 # appeared on collections.abc.Sized, whose later base in a library class's MRO already had one.
 MATERIALIZED = ("__annotations__",)
+# pytest's packages, one library for `_library_own`: pytest sets state on its own classes and
+# modules while it runs (the debugger's config, legacy ini readers).
 RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "xdist", "execnet")
 _compile = builtins.compile
 _isinstance = builtins.isinstance
