@@ -54,7 +54,9 @@ def _leave_server(repo: Path) -> None:
     r = _flaloop(repo, "bench", OP, "--json", *BENCH)
     if r.returncode != 0:
         raise SystemExit(f"the bench that leaves a fork server failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
-    time.sleep(10)  # it preloads detached; a gate that finds none warm would run fresh
+    # a bench whose workers imported more than its server preloaded leaves a new one preloading,
+    # detached: a gate that finds none warm would run fresh
+    time.sleep(10)
 
 
 def _gate(repo: Path, forked: bool) -> float:

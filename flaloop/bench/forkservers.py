@@ -389,6 +389,15 @@ def _claim(k: str) -> bool:
     return False
 
 
+def _is_server(pid: int, k: str) -> bool:
+    """`pid` runs the fork server of key `k` (its command line says so): not a flaloop run whose pid
+    the marker holds while it claims the key (`_claim`), which must never be killed as a server."""
+    try:
+        return f"--key\0{k}\0".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _unclaim(k: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         marker = socket_path(k, "starting")
@@ -410,7 +419,7 @@ def stop(path: Path) -> bool:
     """Ask the server of socket `path` to exit; one of its key still preloading is killed."""
     with contextlib.suppress(OSError, ValueError):
         k = path.name[len("fs-"):-len(".sock")]
-        if not path.exists() and (pid := _starting_pid(k)) is not None and pid != os.getpid():
+        if not path.exists() and (pid := _starting_pid(k)) is not None and _is_server(pid, k):
             os.killpg(pid, signal.SIGKILL)  # its own session (`start`): it and anything it forked
             socket_path(k, "starting").unlink()
             return True

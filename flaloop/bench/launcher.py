@@ -150,18 +150,18 @@ class ForkLauncher(SpawnLauncher):
         self.leaving = True
         self.owner = owner  # the checkout whose server this run leaves warm (forkservers.start)
         self.own_server: Path | None = None  # the socket of the server this run started, if it started one
-        self.start_wait_s: float | None = None  # how long this run waited for the server it started
         self._connect()
 
     def _connect(self) -> None:
         self.server = ForkServer.connect(self.python, self.server_env, self.preload)
+        waited = None  # seconds spent starting a server and waiting for it
         if self.server is None and forkservers.failure(self.python, self.server_env, self.preload) is None:
             # none warm: start one and fork from it once it listens (or spawn, if it does not in time)
             t0 = time.monotonic()
             self.own_server = forkservers.start(self.python, self.server_env, self.preload, owner=self.owner)
             # ours, or one another run began starting a moment ago
             self.server = ForkServer.connect(self.python, self.server_env, self.preload)
-            self.start_wait_s = round(time.monotonic() - t0, 2)
+            waited = round(time.monotonic() - t0, 2)
         if self.server is not None:
             ready = self.server.ready
             self.forkserver = {"used": True, "why": "", "preload": ready.get("preload"), "pid": ready.get("pid"),
@@ -173,8 +173,8 @@ class ForkLauncher(SpawnLauncher):
             self.forkserver = {"used": False, "why": "no fork server was warm for this interpreter, environment "
                                                      "and preload, and none came up within "
                                                      f"{forkservers.STARTING_WAIT_S:.0f} s of being started: spawned"}
-        if self.start_wait_s is not None:
-            self.forkserver["start_wait_s"] = self.start_wait_s
+        if waited is not None:
+            self.forkserver["start_wait_s"] = waited
 
     def start(self, side: str, tree: Path, log_path: Path, import_mode: str) -> WorkerClient:
         if self.server is not None:
