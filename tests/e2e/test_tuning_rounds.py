@@ -9,11 +9,13 @@ from support.cli import flaloop
 from support.repos import commit_all
 
 # A toy op whose speed depends on the process, not the code: the first process to call it in
-# each pair of processes stalls for 150 ms per call (a sleep: CPU contention from other tests
-# cannot shrink it). The same committed code runs on both sides (A/A). TOY_WITH_STALL takes the
-# rule for which process stalls (a `_slow()` that sets the global _SLOW) at __SLOW__, and the file
-# that counts the processes at __ORDER_FILE__ (in the source, committed: a variable of the
-# environment would give each test a fork-server key of its own, and spawned workers).
+# each pair of processes stalls for 60 ms per call (a sleep: CPU contention from other tests
+# cannot shrink it, and the toy's own call takes well under a millisecond, so a stalled side reads
+# tens of times slower; the rounds' checks ask for 3x). The same committed code runs on both sides
+# (A/A). TOY_WITH_STALL takes the rule for which process stalls (a `_slow()` that sets the global
+# _SLOW) at __SLOW__, the stall in seconds at __STALL__, and the file that counts the processes at
+# __ORDER_FILE__ (in the source, committed: a variable of the environment would give each test a
+# fork-server key of its own, and spawned workers).
 TOY_WITH_STALL = '''import fcntl
 import os
 import time
@@ -35,7 +37,7 @@ def toy_attn(q, k, v, scale=None, cu_seqlens=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o = _attn(q, k, v, scale)
     if _slow():  # a stall, as a process that drew worse memory or started cold might have
-        time.sleep(0.15)
+        time.sleep(__STALL__)
     return o.to(q.dtype), None
 
 
@@ -53,7 +55,7 @@ ORDER_SENSITIVE = TOY_WITH_STALL.replace("__SLOW__", '''def _slow():
             n = len(f.read().split())
             f.write(f"{os.getpid()}\\n")
         _SLOW = n % 2 == 0
-    return _SLOW''')
+    return _SLOW''').replace("__STALL__", "0.06")
 
 
 def toy_op(toy, src: str, order_file) -> None:
@@ -128,7 +130,7 @@ COMPILES_SLOW = TOY_WITH_STALL.replace("__SLOW__", '''def _slow():
             _SLOW = False
         with open(__ORDER_FILE__, "a") as f:
             f.write(f"{os.getpid()} {int(_SLOW)}\\n")
-    return _SLOW''')
+    return _SLOW''').replace("__STALL__", "0.15")
 
 
 def test_workers_that_compiled_during_the_warm_up_are_replaced_before_the_first_pair(toy, tmp_path):
