@@ -20,7 +20,6 @@ The MCP SDK (and pydantic, which it brings) is imported only when the server sta
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import collections
 import contextlib
@@ -35,7 +34,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -43,6 +42,9 @@ from flaloop.cli.agent_tools import DETAIL, LOOP_COMMANDS, compact, meaning, too
 from flaloop.cli.app import JsonOpt, app, command, emit_json, human
 from flaloop.core import clock, fsutil, procs
 from flaloop.core.errors import UsageError
+
+if TYPE_CHECKING:
+    import asyncio
 
 INTERRUPT_GRACE_S = 60.0  # flaloop's own Ctrl-C cleanup: workers, pytest, worktrees, the run record so far
 KILL_WAIT_S = 5.0
@@ -120,6 +122,8 @@ async def run_command(argv: list[str], report: Callable[[float, float | None, st
                       cwd: str | None = None) -> dict[str, Any]:
     """Run `flaloop <argv>` (which holds --json) and return {exit_code, meaning, result[, stderr_tail]};
     every new thing it prints goes to `report(progress, total, message)`."""
+    import asyncio  # here, not at the top: every other command starts faster without it
+
     import anyio
 
     # Forked by the event loop's thread, the main one: PDEATHSIG follows the thread that forked.
