@@ -114,11 +114,13 @@ def _provides(d: Path, name: str) -> bool:
 
 
 def warm_server(python: str, env: dict[str, str], preload: list[str], package: str,
-                path_dirs: list[Path]) -> tuple[forkservers.ForkServer | None, str]:
+                path_dirs: list[Path], owner: str | None = None) -> tuple[forkservers.ForkServer | None, str]:
     """The warm fork server the test process may be forked from, or None and why not.
 
     It is the one a bench of the op left for this interpreter, environment and preload list
-    (bench/forkservers.py); none is started here. A forked test process finds the server's
+    (bench/forkservers.py); where none is warm, one is started and waited for, as a bench does: its
+    preload costs what a fresh interpreter's imports would, and it stays warm for the op's next
+    gate and bench. A forked test process finds the server's
     libraries imported, so it is forked only where a fresh one would have imported the same: the
     server holds nothing of the target package, and no directory that goes before the interpreter's
     own on the test's sys.path (`path_dirs`: the working directory, flaloop's plugin directory, the
@@ -126,7 +128,13 @@ def warm_server(python: str, env: dict[str, str], preload: list[str], package: s
     the installed one in a fresh interpreter)."""
     server = forkservers.ForkServer.connect(python, env, preload, wait=False)
     if server is None:
-        return None, "no fork server was warm for this interpreter, environment and preload"
+        if (failed := forkservers.failure(python, env, preload)) is not None:
+            return None, f"a fork server cannot run for this interpreter, environment and preload: {failed}"
+        forkservers.start(python, env, preload, owner=owner)  # or another run is starting one: wait for that
+        server = forkservers.ForkServer.connect(python, env, preload)
+        if server is None:
+            return None, ("no fork server was warm for this interpreter, environment and preload, and none "
+                          f"came up within {forkservers.STARTING_WAIT_S:.0f} s of being started")
     tops = server.ready.get("tops")
     why = ""
     if not isinstance(tops, list):
@@ -168,13 +176,14 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                collect_only: bool = False, workers: int = 0, gpus: list[str] | None = None,
                cancel: threading.Event | None = None, node_ids: list[str] | None = None,
                callrec: Path | None = None, frozen: list[str] | None = None,
-               preload: list[str] | None = None) -> PytestRun:
+               preload: list[str] | None = None, owner: str | None = None) -> PytestRun:
     """Run the test file of `tree` via a neutral symlink (or, with `node_ids`, those tests of it);
     collect junit, events and the log. With `callrec` (a directory), the test's calls into the
     package are recorded there (inside/scripts/flaloop_callrec.py; only a run at the base is asked to).
     `frozen` (paths relative to the tree) are the files whose code the plugin holds the test
     process to. With `preload` (a fork server's module list) and no xdist workers, pytest is forked
-    from a warm server of that list where `warm_server` allows it, and spawned otherwise."""
+    from a warm server of that list where `warm_server` allows it (one it starts belongs to the
+    checkout `owner`), and spawned otherwise."""
     tmp = git.neutral_tempdir("flaloop-gate-")
     try:
         link = tmp / "tree"
@@ -207,7 +216,7 @@ def run_pytest(python: str, tree: Path, test_rel: str, *, k_expr: str | None, en
                    "COLUMNS": "400"}
         server, fresh_why = None, "xdist workers: each starts fresh" if workers else "no preload list was given"
         if preload is not None and not workers:
-            server, fresh_why = warm_server(python, env, preload, package, [tmp, PLUGIN_DIR, link])
+            server, fresh_why = warm_server(python, env, preload, package, [tmp, PLUGIN_DIR, link], owner)
         how = f"# forked by the warm fork server {server.pid}\n" if server is not None else f"# fresh: {fresh_why}\n"
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)

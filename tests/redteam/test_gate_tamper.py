@@ -535,34 +535,34 @@ def test_a_change_the_base_makes_only_while_its_tests_run_is_the_bases_and_a_new
     assert found and all("assert_close" in m for m in found) and not any("item" in m for m in found), found
 
 
-def test_a_test_process_forked_from_a_warm_server_judges_as_a_fresh_one(minifla, tmp_path):
-    """The gate's pytest forks from the fork server a bench of the op leaves warm, where a fresh
-    interpreter would import the same: the same plant is red with the same findings either way, an
-    untouched tree green; a directory on the test's path that shadows a module the server holds,
-    or the package under test among them, keeps the test process fresh."""
-    from support.procs import wait_for
-
+def test_a_test_process_forked_from_a_warm_server_judges_as_a_fresh_one(minifla, tmp_path, monkeypatch):
+    """The gate's pytest forks from the op's fork server (a bench's, or one the gate starts when
+    none is warm), where a fresh interpreter would import the same: the same plant is red with the
+    same findings either way, an untouched tree green; a directory on the test's path that shadows
+    a module the server holds, or the package under test among them, keeps the test process fresh."""
     from flaloop.bench import forkservers
+    from flaloop.task import gate as gate_mod
     from flaloop.task.gate import warm_preload
     from flaloop.task.pytest_run import clean_env, warm_server
 
     target = Target.discover(minifla)
     contract = Contract.load(target, OP)
     env, preload = clean_env(target.extra_strip_env())[0], warm_preload(target, contract)
-    forkservers.stop_all()  # this worker's servers: the first run below must start fresh
     plant(minifla, "first_call", LENIENT_TEST_GLOBAL)
-    fresh = run(minifla, k=None)
+    with monkeypatch.context() as m:  # no module list to look for: a fresh interpreter
+        m.setattr(gate_mod, "warm_preload", lambda *a: None)
+        fresh = run(minifla, k=None)
     assert not fresh.run.forked and any("assert_close" in m for m in tampered(fresh)), fresh.findings
-    assert fresh.run.fresh_why.startswith("no fork server was warm")
+    assert fresh.run.fresh_why == "no preload list was given"
 
-    assert forkservers.start(target.python, env, preload) is not None
-    server = wait_for(lambda: forkservers.ForkServer.connect(target.python, env, preload), 120, step=0.5)
-    assert server is not None, "the fork server never came up"
+    forkservers.stop_all()  # this worker's servers: the gate below finds none warm and starts one
+    forked = run(minifla, k=None)
+    assert forked.run.forked and forked.run.fresh_why == ""
+    server = forkservers.ForkServer.connect(target.python, env, preload, wait=False)
+    assert server is not None, "the gate left no fork server warm"
     tops = server.ready["tops"]
     server.close()
     assert {"torch", "triton"} <= set(tops) and "minifla" not in tops
-    forked = run(minifla, k=None)
-    assert forked.run.forked and forked.run.fresh_why == ""
     assert "# forked by the warm fork server" in Path(forked.log_path).read_text()
     assert [(f.kind, f.message) for f in forked.findings] == [(f.kind, f.message) for f in fresh.findings]
     assert (forked.run.passed, forked.run.failed, forked.run.selected) == \

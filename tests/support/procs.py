@@ -42,6 +42,19 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _is_fork_server_cmd(pid: int) -> bool:
+    try:
+        return b"--forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def fork_servers(pids: list[int]) -> set[int]:
+    """The warm fork servers among `pids`: started by a flaloop command, meant to outlive it. A
+    process they forked keeps their command line, but its parent is a server."""
+    return {p for p in pids if _is_fork_server_cmd(p) and not _is_fork_server_cmd(ppid(p) or 0)}
+
+
 def wait_for(cond, timeout: float, step: float = 0.1):
     """Poll `cond` until it returns something truthy (returned) or `timeout` s pass (None)."""
     deadline = time.monotonic() + timeout
