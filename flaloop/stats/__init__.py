@@ -1,6 +1,6 @@
 """Paired-sample statistics: summaries, speedup estimates with CIs, verdicts, geomean.
 
-Pure functions over numbers (numpy and scipy only): nothing here measures, reads files or
+Pure functions over numbers (numpy, and four special functions in `special`): nothing here measures, reads files or
 keeps global state, so a report can recompute everything from a stored run record.
 
 The method

@@ -1,5 +1,5 @@
 """What every part of stats shares: plain-JSON dataclasses, input checks, per-side summaries,
-log ratios, and scipy imported on first use."""
+log ratios."""
 
 from __future__ import annotations
 
@@ -8,17 +8,6 @@ from dataclasses import dataclass, fields
 from enum import Enum
 
 import numpy as np
-
-
-def _special():
-    """scipy.special, imported on first use: every CLI command imports this module, few need scipy.
-    The t quantile and the binomial CDF come from here too, not from scipy.stats, whose import
-    (0.4 s more than scipy.special's on the 2-core development machine) every bench, compare and sweep paid for two functions."""
-    from scipy import special
-
-    return special
-
-
 
 
 def _plain(value: object) -> object:

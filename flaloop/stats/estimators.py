@@ -10,7 +10,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from flaloop.stats.base import _special, _vector
+from flaloop.stats.base import _vector
+from flaloop.stats.special import binomial_half_cdf, ndtr
 
 EXACT_SIGNED_RANK_MAX_N = 400
 GRID_PER_PAIR = 2  # Walsh-sum thresholds per pair in the bootstrap HL search (speed only)
@@ -157,7 +158,7 @@ def _signed_rank_cdf(n: int) -> np.ndarray:
     t = np.arange(m + 1)
     if n > EXACT_SIGNED_RANK_MAX_N:
         sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-        cdf = _special().ndtr((t + 0.5 - m / 2) / sd)
+        cdf = ndtr((t + 0.5 - m / 2) / sd)
     else:
         pmf = np.zeros(m + 1)
         pmf[0] = 1.0
@@ -173,7 +174,7 @@ def _signed_rank_cdf(n: int) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def _sign_cdf(n: int) -> np.ndarray:
-    cdf = _special().bdtr(np.arange(n + 1), n, 0.5)  # the binomial CDF
+    cdf = binomial_half_cdf(n)
     cdf.flags.writeable = False
     return cdf
 

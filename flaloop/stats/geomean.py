@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flaloop.stats.base import _cells, _check_confidence, _Dict, _special
+from flaloop.stats.base import _cells, _check_confidence, _Dict
 from flaloop.stats.estimators import _estimator
 from flaloop.stats.intervals import _boot_and_jack, _interval, _rank_interval
+from flaloop.stats.special import t_quantile
 from flaloop.stats.verdicts import Verdict, holm_verdicts
 
 # -- aggregate -------------------------------------------------------------------------------------
@@ -43,7 +44,7 @@ def combined_interval(thetas: np.ndarray, bounds: list[tuple[float, float]], ns:
     """
     if any(not (math.isfinite(lo) and math.isfinite(hi)) for lo, hi in bounds):
         return -math.inf, math.inf, float(min(ns) - 1)
-    t_ppf = _special().stdtrit  # the Student t quantile: stdtrit(df, p)
+    t_ppf = t_quantile  # t_ppf(df, p)
     p = (1 + confidence) / 2
     q = np.array([t_ppf(n - 1, p) for n in ns])
     s_lo = (thetas - np.array([b[0] for b in bounds])) / q

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flaloop.stats.base import _check_confidence, _Dict, _special, _vector
+from flaloop.stats.base import _check_confidence, _Dict, _vector
 from flaloop.stats.estimators import Estimator, _estimator
+from flaloop.stats.special import ndtr, ndtri
 
 METHODS = ("bca", "percentile", "rank")
 MIN_BOOTSTRAP_PAIRS = 10  # below it bootstrap CIs undercover (HL BCa: 88 % at n = 6); rank CI used
@@ -44,16 +45,16 @@ def _boot_and_jack(r: np.ndarray, est: Estimator, n_boot: int,
 def _bca_levels(theta: float, boot: np.ndarray, jacks: list[np.ndarray],
                 alpha: float) -> tuple[float, float]:
     """BCa quantile levels, Efron & Tibshirani 14.3 / 15.4, as in scipy.stats.bootstrap."""
-    z0 = _special().ndtri(((boot < theta).sum() + (boot <= theta).sum()) / (2 * boot.size))
+    z0 = ndtri(((boot < theta).sum() + (boot <= theta).sum()) / (2 * boot.size))
     num = den = 0.0
     for jack in jacks:
         u = (jack.size - 1) * (jack.mean() - jack)
         num += (u ** 3).sum() / jack.size ** 3
         den += (u ** 2).sum() / jack.size ** 2
     a = num / (6 * den ** 1.5)
-    z = _special().ndtri(alpha)
-    return (float(_special().ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))),
-            float(_special().ndtr(z0 + (z0 - z) / (1 - a * (z0 - z)))))
+    z = ndtri(alpha)
+    return (float(ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))),
+            float(ndtr(z0 + (z0 - z) / (1 - a * (z0 - z)))))
 
 
 def _interval(theta: float, boot: np.ndarray, jacks: list[np.ndarray] | None,

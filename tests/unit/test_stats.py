@@ -458,3 +458,34 @@ def test_a_stopped_rule_serialises_with_its_reason_and_last_estimate():
     feed(rule, simulate(np.random.default_rng(111), 0.0, (40,), sigma=0.0001))
     d = json.loads(json.dumps(rule.to_dict()))
     assert d["reason"].startswith("CI half-width") and d["last"]["n_pairs"] == 16 and d["target"] == 0.0025
+
+
+# -- the special functions, held to scipy.special's values ---------------------------------------
+
+def test_the_t_quantile_is_scipys_to_ten_digits():
+    from scipy import special
+
+    from flaloop.stats.special import t_quantile
+
+    for df in (0.5, 1, 1.5, 2, 3, 4.7, 7.3, 10, 31, 63.2, 100, 399, 1000, 5000, 1e5):
+        for p in (0.001, 0.025, 0.05, 0.5, 0.6, 0.9, 0.95, 0.975, 0.99, 0.9995, 0.99999):
+            want = special.stdtrit(df, p)
+            assert t_quantile(df, p) == pytest.approx(want, rel=1e-10, abs=1e-12), (df, p)
+    assert t_quantile(5, 0.0) == -math.inf and t_quantile(5, 1.0) == math.inf
+    assert math.isnan(t_quantile(0, 0.9)) and math.isnan(t_quantile(5, 1.5))
+
+
+def test_the_normal_and_binomial_functions_are_scipys():
+    from scipy import special
+
+    from flaloop.stats.special import binomial_half_cdf, ndtr, ndtri
+
+    x = np.linspace(-8, 8, 401)
+    assert np.allclose(ndtr(x), special.ndtr(x), rtol=1e-13, atol=0) and ndtr(0.0) == 0.5
+    assert ndtr(x.reshape(1, -1)).shape == (1, 401)
+    for p in (1e-9, 0.001, 0.025, 0.3, 0.5, 0.975, 1 - 1e-9):
+        assert ndtri(p) == pytest.approx(special.ndtri(p), rel=1e-12, abs=1e-15)
+    assert ndtri(0.0) == -math.inf and ndtri(1.0) == math.inf and math.isnan(ndtri(1.2))
+    for n in (1, 6, 40, 400, 1000):
+        assert np.allclose(binomial_half_cdf(n), special.bdtr(np.arange(n + 1), n, 0.5), rtol=1e-10, atol=0)
+    assert binomial_half_cdf(2).tolist() == [0.25, 0.75, 1.0]
