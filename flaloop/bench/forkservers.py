@@ -48,6 +48,8 @@ IDLE_DEFAULT_S = 300.0
 # server start, never an import made under other settings.
 VOLATILE_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST",
                           "FLALOOP_LIFELINE", "FLALOOP_LIFELINE_PID", "TRITON_CACHE_DIR",
+                          # who git says made a commit: read by git, never by a library's import
+                          "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL",
                           "FLALOOP_TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING",
                           # the terminal's or the agent's session, and how output is drawn (the MCP
                           # server sets the last four for its children)
