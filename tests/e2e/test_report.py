@@ -26,12 +26,12 @@ FAST_BENCH = ("--min-pairs", "4", "--max-pairs", "6", "--rounds", "1", "--sample
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> tuple[Path, Path]:
-    """The toy with a contract, a full green gate, one bench record and one profile (CPU)."""
+def measured(prepared_toy, tmp_path_factory) -> tuple[Path, Path]:
+    """The toy with a contract (conftest's `prepared_toy`: B2_T64_H2_D16, fwd and fwdbwd), a full green
+    gate, one bench record and one profile (CPU)."""
     tmp = tmp_path_factory.mktemp("report")
     cache = tmp / "cache"
-    repo = make_toy_repo(tmp / "toy")
-    assert flaloop(repo, "init", OP, "--shapes", "B2_T64_H2_D16", "--modes", "fwd,fwdbwd").code == 0
+    repo = fresh_copy(prepared_toy, tmp / "toy")
     r = flaloop(repo, "gate", OP, "--json")
     assert r.code == 0, r.stderr
     r = flaloop(repo, "bench", OP, *FAST_BENCH, "--json", env={"XDG_CACHE_HOME": str(cache)})

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 from support.cli import flaloop
-from support.repos import OP, git, make_repo
+from support.procs import wait_for
+from support.repos import OP, fresh_copy, git, make_repo
 
 from flaloop.bench import record as record_mod
 from flaloop.bench.model import BenchConfig, Cell, CellResult
@@ -119,16 +120,35 @@ def fake_bin(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory, fake_bin) -> tuple[Path, dict]:
-    """minifla with one shape, fwd and fwdbwd. The base has a memcheck error in the fwd kernel on the
-    fwd cell and refuses racecheck; the candidate has the same error, and one more of its own in the
-    backward kernel on the fwdbwd cell. One `flaloop sanitize --json` over memcheck and racecheck."""
-    repo = make_repo(tmp_path_factory.mktemp("sanitize") / "minifla")
+def fwd_only(tmp_path_factory) -> Path:
+    """minifla with a contract of one shape, fwd only: copy it, don't edit it."""
+    repo = make_repo(tmp_path_factory.mktemp("fwd-only") / "minifla")
+    r = flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd")
+    assert r.code == 0, r.stderr
+    return repo
+
+
+@pytest.fixture(scope="module")
+def both_modes(tmp_path_factory) -> Path:
+    """minifla with a contract of one shape, fwd and fwdbwd, whose base commits its own sanitizer
+    errors: a memcheck error in the fwd kernel on the fwd cell, and racecheck refused. Copy it, don't
+    edit it."""
+    repo = make_repo(tmp_path_factory.mktemp("both-modes") / "minifla")
     plant(repo, memcheck=[{"cell": FWD, "kernel": "chunk_linear_attn_fwd_kernel"}], **REFUSED)
     git(repo, "add", PLANT)
     git(repo, "commit", "-q", "-m", "the base's own sanitizer errors")
     r = flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd,fwdbwd")
     assert r.code == 0, r.stderr
+    return repo
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory, both_modes, fake_bin) -> tuple[Path, dict]:
+    """minifla with one shape, fwd and fwdbwd (`both_modes`). The base has a memcheck error in the fwd
+    kernel on the fwd cell and refuses racecheck; the candidate has the same error, and one more of its
+    own in the backward kernel on the fwdbwd cell. One `flaloop sanitize --json` over memcheck and
+    racecheck."""
+    repo = fresh_copy(both_modes, tmp_path_factory.mktemp("sanitize") / "minifla")
     plant(repo, memcheck=[{"cell": FWD, "kernel": "chunk_linear_attn_fwd_kernel", "times": 3},
                           {"cell": FWDBWD, "kernel": "chunk_linear_attn_bwd_dq_kernel"}], **REFUSED)
     r = flaloop(repo, "sanitize", OP, "--tool", "memcheck,racecheck", "--json",
@@ -137,11 +157,11 @@ def planted(tmp_path_factory, fake_bin) -> tuple[Path, dict]:
     return repo, {"code": r.code, "doc": r.json, "stderr": r.stderr}
 
 
-def test_without_compute_sanitizer_every_tool_says_unavailable_and_nothing_blocks(tmp_path):
+def test_without_compute_sanitizer_every_tool_says_unavailable_and_nothing_blocks(both_modes, tmp_path):
     if any(Path(d, "compute-sanitizer").exists() for d in ("/usr/local/cuda/bin",)):
         pytest.skip("this machine has a real compute-sanitizer in /usr/local/cuda/bin")
-    repo = make_repo(tmp_path / "minifla")
-    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd,fwdbwd").code == 0
+    # the base's planted errors are read only by the stand-in tool, which is not on this PATH
+    repo = fresh_copy(both_modes, tmp_path / "minifla")
     bare = tmp_path / "bin"
     bare.mkdir()
     path = os.pathsep.join([str(bare), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
@@ -263,9 +283,8 @@ def test_a_bad_tool_name_is_a_usage_error(tmp_path):
     assert r.code == 2 and "memchek" in r.stderr and "memcheck, racecheck" in r.stderr
 
 
-def test_a_contract_cell_filter_names_the_known_cells(tmp_path):
-    repo = make_repo(tmp_path / "minifla")
-    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
+def test_a_contract_cell_filter_names_the_known_cells(fwd_only, tmp_path):
+    repo = fresh_copy(fwd_only, tmp_path / "minifla")
     target = Target.discover(str(repo))
     c = Contract.load(target, OP)
     assert [x.id for x in sanitize_mod.contract_cells(target, c)] == [FWD]
@@ -308,20 +327,26 @@ if {when}:
 """
 
 
+def _pids(path: Path) -> list[int]:
+    """The pids that hanging imports wrote to `path` (HANG_PIDS) so far."""
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
 def _stamps(path: Path) -> list[tuple[str, str, int, float]]:
     rows = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
     return [(kind, tool, int(pid), float(t)) for kind, tool, pid, t in rows]
 
 
-def test_the_tools_run_at_once_and_jobs_1_runs_them_one_after_another(tmp_path, fake_bin):
-    repo = make_repo(tmp_path / "minifla")
-    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
+def test_the_tools_run_at_once_and_jobs_1_runs_them_one_after_another(fwd_only, tmp_path, fake_bin):
+    repo = fresh_copy(fwd_only, tmp_path / "minifla")
     spans = {}
     for jobs in ("4", "1"):
         stamps = tmp_path / f"stamps-{jobs}"
+        # at once, each tool's processes wait half a second before their step, so the spans overlap
+        # for certain; one after another, each tool's two steps alone span seconds
         r = flaloop(repo, "sanitize", OP, "--tool", "memcheck,initcheck", "--jobs", jobs, "--json",
                     env={"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
-                         "FAKE_SANITIZER_STAMPS": str(stamps), "FAKE_SANITIZER_SLEEP": "0.5"})
+                         "FAKE_SANITIZER_STAMPS": str(stamps), "FAKE_SANITIZER_SLEEP": "0.5" if jobs == "4" else "0"})
         assert r.code == 0, r.stdout + r.stderr
         assert list(r.json["tools"]) == ["memcheck", "initcheck"]  # the document keeps the tools' order
         assert all(set(t["sides"]) == {"base", "cand"} for t in r.json["tools"].values())
@@ -335,18 +360,18 @@ def test_the_tools_run_at_once_and_jobs_1_runs_them_one_after_another(tmp_path, 
     assert m1 <= i0, spans  # one after another, in the order asked
 
 
-def test_an_interrupt_kills_every_running_sanitizer_and_its_step_and_removes_the_worktrees(tmp_path, fake_bin):
+def test_an_interrupt_kills_every_running_sanitizer_and_its_step_and_removes_the_worktrees(fwd_only, tmp_path,
+                                                                                           fake_bin):
     """Three tools at once; the candidate's op hangs at import (a step that runs for ever under the
     tool, the step script being the sanitizer's child and flaloop's grandchild). One SIGINT: exit
     130, every sanitizer and every step gone, both worktrees removed."""
-    repo = make_repo(tmp_path / "minifla")
-    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
+    repo = fresh_copy(fwd_only, tmp_path / "minifla")
     chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"  # it hangs under the tool only
     chunk.write_text(chunk.read_text() + HANG.format(when='_os.environ.get("FAKE_SANITIZER_TOOL")'))
     git(repo, "commit", "-q", "-am", "a candidate that hangs at import")
-    stamps = tmp_path / "stamps"
+    stamps, hangs = tmp_path / "stamps", tmp_path / "hangs"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}",
-           "FAKE_SANITIZER_STAMPS": str(stamps)}
+           "FAKE_SANITIZER_STAMPS": str(stamps), "HANG_PIDS": str(hangs)}
     proc = subprocess.Popen([sys.executable, "-m", "flaloop", "sanitize", OP, "--commit", "HEAD", "--tool",
                              "memcheck,racecheck,initcheck"], cwd=repo, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -356,35 +381,37 @@ def test_an_interrupt_kills_every_running_sanitizer_and_its_step_and_removes_the
     def ready() -> None:
         rows = _stamps(stamps)
         assert len([r for r in rows if r[0] == "child"]) == 6, rows
-        time.sleep(2)  # the candidates' steps are inside the hanging import
+        # the candidates' steps are inside the hanging import: each wrote its pid just before it sleeps
+        assert wait_for(lambda: len(_pids(hangs)) >= 3, 60), _pids(hangs)
 
     out, err = _interrupt_when(proc, started, ready, 240)
     assert proc.returncode == 130, out + err
-    pids = [pid for kind, _, pid, _ in _stamps(stamps) if kind in ("start", "child")]
+    pids = [pid for kind, _, pid, _ in _stamps(stamps) if kind in ("start", "child")] + _pids(hangs)
     assert not _outliving(pids), "a sanitizer or its step outlived the interrupt"
     assert len(git(repo, "worktree", "list").splitlines()) == 1
 
 
 def test_a_side_that_hangs_with_no_tool_is_not_run_under_one_and_an_interrupt_in_the_warm_up_cleans_up(
-        tmp_path, fake_bin):
+        fwd_only, tmp_path, fake_bin):
     """A candidate that hangs at import even without a tool: its plain warm-up run is killed at
     --timeout, no tool runs on it (each would hang as long), the base is checked, exit 3. Then the
     same candidate, interrupted in its warm-up: exit 130, its step gone, the worktrees removed."""
 
-    repo = make_repo(tmp_path / "minifla")
-    assert flaloop(repo, "init", OP, "--shapes", SHAPE, "--modes", "fwd").code == 0
+    repo = fresh_copy(fwd_only, tmp_path / "minifla")
     chunk = repo / "minifla" / "ops" / "linear_attn" / "chunk.py"
     chunk.write_text(chunk.read_text() + HANG.format(when="True"))
     git(repo, "commit", "-q", "-am", "a candidate that hangs at import")
     stamps, hangs = tmp_path / "stamps", tmp_path / "hangs"
     env = {"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}", "FAKE_SANITIZER_STAMPS": str(stamps),
            "HANG_PIDS": str(hangs)}
-    r = flaloop(repo, "sanitize", OP, "--commit", "HEAD", "--tool", "memcheck,initcheck", "--timeout", "25",
+    # the timeout bounds the base's steps too: each took 3-6 s here with three busy loops beside it on
+    # the 2 cores (load average 7.8), so 15 s leaves them room while the hanging warm-up waits it out
+    r = flaloop(repo, "sanitize", OP, "--commit", "HEAD", "--tool", "memcheck,initcheck", "--timeout", "15",
                 "--json", env=env)
     assert r.code == 3, r.stdout + r.stderr
     warm = r.json["warm"]
     assert warm["base"]["status"] == "ok" and warm["cand"]["status"] == "timeout", warm
-    assert "killed after 25s" in warm["cand"]["reason"]
+    assert "killed after 15s" in warm["cand"]["reason"]
     for tool in ("memcheck", "initcheck"):
         cand = r.json["tools"][tool]["sides"]["cand"]
         assert cand["status"] == "timeout" and cand["reason"].startswith("not run: the plain warm-up run was killed")
