@@ -14,6 +14,10 @@ CHUNK = Path("minifla/ops/linear_attn/chunk.py")
 NAIVE = Path("minifla/ops/linear_attn/naive.py")
 REF = Path("minifla/ops/linear_attn/fused_recurrent.py")
 CONFTEST = Path("tests/conftest.py")
+# the pure-torch toy op (tests/support/toy/), for the rules that are not about minifla or Triton: its
+# two tests take milliseconds where minifla's interpret Triton kernels for seconds, at every gate
+TOY_FAST = Path("toyop/ops/toy/fast.py")
+TOY_ENTRY = "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n"
 
 
 def gate(repo: Path, *args: str, env: dict | None = None, op: str = OP):
@@ -111,17 +115,18 @@ def test_fla_ci_env_in_callers_environment_is_removed(repo):
     assert doc["counts"]["failed"] > 0
 
 
-def test_fla_ci_env_set_from_inside_the_package_is_red(repo):
-    init = repo / "minifla" / "__init__.py"
+def test_fla_ci_env_set_from_inside_the_package_is_red(toy):
+    init = toy / "toyop" / "__init__.py"
     init.write_text("import os\nos.environ['FLA_CI_ENV'] = '1'\n" + init.read_text())
-    r, doc = gate(repo)
+    r, doc = gate(toy, op="toy_attn")
     assert r.code == 1 and "weakening-env" in kinds(doc)
 
 
-def test_kernel_that_skips_cases_is_red(repo):
+def test_kernel_that_skips_cases_is_red(toy):
     # The op calls pytest.skip for awkward shapes: the test file is untouched, skips grow.
-    plant_in_entry(repo, "import pytest", "if q.shape[1] % 32:\n        pytest.skip('odd T')")
-    r, doc = gate(repo)
+    edit(toy / TOY_FAST, TOY_ENTRY,
+         TOY_ENTRY + "    import pytest\n    if q.shape[1] > 16:\n        pytest.skip('long T')\n")
+    r, doc = gate(toy, op="toy_attn")
     assert r.code == 1 and "more-skips" in kinds(doc), doc["findings"]
     assert doc["baseline"]["kind"] == "full"  # confirmed against a full run at the base
 
@@ -159,12 +164,12 @@ def test_skips_decided_in_the_test_body_at_the_base_are_not_held_against_the_can
     assert doc["counts"]["skipped"] == 1
 
 
-def test_gate_over_xdist_workers_pins_each_worker_to_a_gpu(repo):
-    r, doc = gate(repo, "--workers", "2", "--gpus", "5,7")
+def test_gate_over_xdist_workers_pins_each_worker_to_a_gpu(toy):
+    r, doc = gate(toy, "--workers", "2", "--gpus", "5,7", op="toy_attn")
     assert r.code == 0, doc.get("findings")
     assert doc["counts"]["ran"] == doc["counts"]["selected"] == doc["baseline"]["selected"].__len__()
     assert doc["run"]["workers"] == {"gw0": "5", "gw1": "7"}
-    bad = flaloop(repo, "gate", OP, "--workers", "2", "--gpus", "0,x")
+    bad = flaloop(toy, "gate", "toy_attn", "--workers", "2", "--gpus", "0,x")
     assert bad.code == 2 and "not a GPU index" in bad.stderr
 
 
@@ -188,8 +193,7 @@ def test_a_base_that_cannot_collect_stops_the_candidates_run(toy):
     git(toy, "commit", "-qam", "a base whose package cannot be imported")
     init.write_text(good)  # fixed in the working tree only
     assert flaloop(toy, "init", "toy_attn", "--force").code == 0
-    edit(toy / "toyop/ops/toy/fast.py", "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n",
-         "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n    import time; time.sleep(120)\n")
+    edit(toy / TOY_FAST, TOY_ENTRY, TOY_ENTRY + "    import time; time.sleep(120)\n")
     t0 = time.monotonic()
     r = flaloop(toy, "gate", "toy_attn")
     assert r.code == 2 and "could not collect" in r.stderr and "broken at the base" in r.stderr
@@ -219,8 +223,12 @@ def test_tests_out_of_gpu_memory_beside_other_workers_run_again_alone_and_count_
                                                        + MEMORY_HUNGRY)
     commit_all(repo)
     assert flaloop(repo, "init", "toy_attn", "--shapes", "B2_T64_H2_D16", "--modes", "fwd").code == 0
-    r, doc = gate(repo, "--workers", "3", op="toy_attn")
-    assert r.code == 1, r.stderr[-2000:]  # `always` fails alone too: red, in its own words
+    human = flaloop(repo, "gate", "toy_attn", "--workers", "3")
+    assert human.code == 1, human.stderr[-2000:]  # `always` fails alone too: red, in its own words
+    assert "3 test(s) ran out of GPU memory beside 2 other workers; run again alone, one at a time: 2 passed, " \
+           "1 still failing" in human.stdout
+    # the same run's result as the gate recorded it: what `--json` prints, less its "ok"
+    doc = json.loads((repo / "profile" / "toy_attn-opt" / "gate" / "last.json").read_text())
     retry = doc["oom_retry"]
     big = "tests/ops/test_toy.py::test_big"
     assert retry["ids"] == [f"{big}[0]", f"{big}[1]", f"{big}[always]"] and retry["workers"] == 3
@@ -233,9 +241,6 @@ def test_tests_out_of_gpu_memory_beside_other_workers_run_again_alone_and_count_
     # nothing was changed: the base itself is red here, and the gate says so
     assert "at the base commit itself, unchanged: the op's own tests fail in this environment" in \
         doc["findings"][0]["message"]
-    human = flaloop(repo, "gate", "toy_attn", "--workers", "3", "--regate")
-    assert "3 test(s) ran out of GPU memory beside 2 other workers; run again alone, one at a time: 2 passed, " \
-           "1 still failing" in human.stdout
     # without `always`, the gate is green: what ran out beside others passed with the GPU to itself
     edit(repo / "tests" / "ops" / "test_toy.py", "[0, 1, 'always']", "[0, 1]")
     commit_all(repo)
@@ -243,11 +248,12 @@ def test_tests_out_of_gpu_memory_beside_other_workers_run_again_alone_and_count_
     r, doc = gate(repo, "--workers", "3", op="toy_attn")
     assert r.code == 0 and doc["green"], doc["findings"]
     assert doc["oom_retry"]["passed_alone"] == [f"{big}[0]", f"{big}[1]"] and doc["counts"]["failed"] == 0
-    # one worker: nothing beside it to blame, so nothing is run again
-    r, doc = gate(repo, "--workers", "1", "--regate", op="toy_attn")
-    assert r.code == 0 and doc["oom_retry"] is None
     # a change that fails the tests is the change's, not the base's
-    edit(repo / "toyop" / "ops" / "toy" / "fast.py", "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n",
-         "def toy_attn(q, k, v, scale=None, cu_seqlens=None):\n    q = q * 1.5\n")
+    edit(repo / TOY_FAST, TOY_ENTRY, TOY_ENTRY + "    q = q * 1.5\n")
     r, doc = gate(repo, "--workers", "1", op="toy_attn")
     assert r.code == 1 and "pytest-exit" in kinds(doc) and "at the base commit" not in doc["findings"][0]["message"]
+    # one worker: nothing beside it to blame, so nothing is run again; test_big passes there, and
+    # only the change's failures (test_toy's two cases) count
+    assert len(doc["run"]["workers"]) == 1 and doc["oom_retry"] is None
+    assert (doc["counts"]["passed"], doc["counts"]["failed"]) == (2, 2)
+    assert "test_big" not in doc["findings"][0]["detail"]
