@@ -84,12 +84,17 @@ def repo(prepared_repo, tmp_path) -> Path:
     return fresh_copy(prepared_repo, tmp_path / "minifla")
 
 
-@pytest.fixture
-def candidates(repo) -> Path:
-    """A copy of the prepared repo with four sweep candidates on branches (support/candidates.py)."""
+@pytest.fixture(scope="session")
+def prepared_candidates(prepared_repo, tmp_path_factory) -> Path:
+    """The prepared repo with four sweep candidates on branches (support/candidates.py): copy it, don't edit it."""
     from support.candidates import make_candidates
 
-    return make_candidates(repo)
+    return make_candidates(fresh_copy(prepared_repo, tmp_path_factory.mktemp("candidates") / "minifla"))
+
+
+@pytest.fixture
+def candidates(prepared_candidates, tmp_path) -> Path:
+    return fresh_copy(prepared_candidates, tmp_path / "minifla")
 
 
 @pytest.fixture(scope="session")

@@ -9,16 +9,25 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from support.candidates import QUICK, check_ranking, rows, sleepy_branch, start_sweep, sweep
 from support.cli import flaloop
 from support.procs import alive, descendants, fork_servers, wait_for
-from support.repos import OP, git, worktrees
+from support.repos import OP, fresh_copy, git, worktrees
 
 
-def test_a_local_sweep_ranks_the_honest_candidate_first_blocks_the_cheat_and_fails_the_broken_one(candidates):
-    repo = candidates
+@pytest.fixture(scope="module")
+def ranked(prepared_candidates, tmp_path_factory):
+    """The four candidates swept (`flaloop sweep --json`): the repo (copy it, don't edit it), its HEAD
+    before the sweep, the run and its document."""
+    repo = fresh_copy(prepared_candidates, tmp_path_factory.mktemp("ranked") / "minifla")
     head = git(repo, "rev-parse", "HEAD").strip()
     r, doc = sweep(repo, OP, "--candidates", "honest", "neutral", "cheat", "broken")
+    return repo, head, r, doc
+
+
+def test_a_local_sweep_ranks_the_honest_candidate_first_blocks_the_cheat_and_fails_the_broken_one(ranked, tmp_path):
+    repo, head, r, doc = ranked
     assert r.code == 3, r.stderr[-3000:]  # a candidate could not be measured; the others' results stand
     check_ranking(doc)
     assert doc["executor"]["kind"] == "local" and doc["executor"]["slots"] == 1  # the CPU: one at a time
@@ -32,8 +41,8 @@ def test_a_local_sweep_ranks_the_honest_candidate_first_blocks_the_cheat_and_fai
     assert f"| 1 | honest | ok | {honest['verdict']} |" in (sweep_dir / "sweep.md").read_text()
     # a sweep never commits or moves the branch (flaloop() checked the files, index and worktrees)
     assert git(repo, "rev-parse", "HEAD").strip() == head and git(repo, "branch", "--show-current").strip() == "main"
-    # the human table says the same, and where to go next
-    human = flaloop(repo, "sweep", OP, "--candidates", "honest,cheat", *QUICK)
+    # the human table says the same, and where to go next (in a copy: the sweep above stays the only one)
+    human = flaloop(fresh_copy(repo, tmp_path / "minifla"), "sweep", OP, "--candidates", "honest,cheat", *QUICK)
     assert human.code == 0, human.stderr[-2000:]
     assert "honest" in human.stdout and "BLOCKED" in human.stdout and "--from-sweep" in human.stdout
 
@@ -71,11 +80,11 @@ def test_bad_candidates_are_named_and_the_others_still_run(candidates, tmp_path)
     assert mixed.code == 2 and "takes no OP, --candidates or --patches" in mixed.stderr
 
 
-def test_iter_from_sweep_puts_the_candidate_in_the_working_tree_and_keeps_it(candidates):
-    repo = candidates
-    r, doc = sweep(repo, OP, "--candidates", "honest", "cheat")
-    assert r.code == 0, r.stderr[-3000:]
-    sweep_dir = str(Path(doc["path"]).parent)
+def test_iter_from_sweep_puts_the_candidate_in_the_working_tree_and_keeps_it(ranked, tmp_path):
+    swept, _, _, doc = ranked  # honest measured, cheat blocked
+    assert rows(doc)["honest"]["status"] == "ok" and rows(doc)["cheat"]["status"] == "blocked"
+    repo = fresh_copy(swept, tmp_path / "minifla")
+    sweep_dir = str(repo / Path(doc["path"]).parent.relative_to(swept))
     assert flaloop(repo, "baseline", OP, *QUICK[2:]).code == 0
     # a blocked candidate is not iterated, and the working tree is not touched
     refused = flaloop(repo, "iter", OP, "--from-sweep", sweep_dir, "cheat", *QUICK[2:])
