@@ -13,18 +13,19 @@ STAMP  := $(VENV)/.flaloop-installed
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 triton==3.6.0
-	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev,gpu,ray,mcp]'
+	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 triton==3.6.0 -e '.[dev,gpu,ray,mcp]'
 	@touch $@
 
 setup: $(STAMP)
 
 # The longest test modules start first (tests/conftest.py, LONGEST_FIRST): xdist keeps that order.
+# Three xdist workers on the 2-core CI machine: a test waits on its subprocesses (fork servers,
+# sleeping toy ops, Ray) much of the time, and a third worker fills those waits (docs/lab/2026-12-04-cpu.md R30).
 # Byte-compile flaloop first: with PYTHONDONTWRITEBYTECODE=1 (set on these machines) Python never
 # writes a .pyc, and each of the suite's hundreds of processes would compile flaloop from source.
 test: setup
 	$(VPY) -m compileall -q flaloop
-	TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests
+	TRITON_INTERPRET=1 $(VPY) -m pytest -q -n 3 --dist loadscope --no-loadscope-reorder tests
 
 demo: setup
 	$(VPY) -m compileall -q flaloop
