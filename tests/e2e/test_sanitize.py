@@ -404,8 +404,9 @@ def test_a_side_that_hangs_with_no_tool_is_not_run_under_one_and_an_interrupt_in
     stamps, hangs = tmp_path / "stamps", tmp_path / "hangs"
     env = {"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}", "FAKE_SANITIZER_STAMPS": str(stamps),
            "HANG_PIDS": str(hangs)}
-    # the timeout bounds the base's steps too: each took 3-6 s here with three busy loops beside it on
-    # the 2 cores (load average 7.8), so 15 s leaves them room while the hanging warm-up waits it out
+    # the timeout bounds the base's steps too: each took 4.6-5.5 s on the 2-core machine with three busy
+    # loops beside it (docs/lab/2026-12-04-cpu.md R30), so 15 s leaves them room while the hanging
+    # warm-up waits it out
     r = flaloop(repo, "sanitize", OP, "--commit", "HEAD", "--tool", "memcheck,initcheck", "--timeout", "15",
                 "--json", env=env)
     assert r.code == 3, r.stdout + r.stderr

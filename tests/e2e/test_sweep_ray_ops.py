@@ -88,7 +88,8 @@ def test_ctrl_c_cancels_every_ray_task(candidates, tmp_path):
 def test_ops_changed_benches_only_the_op_whose_code_the_diff_touches(repo):
     # A shape of 16 timesteps and one head in the repo's registry: the recurrent op steps through T
     # one timestep at a time, and interpreted at B1_T64_H2_D32 its forward takes 0.3 s a call on the
-    # 2-core CPU, 0.05 s at this shape; what this test checks is which op is benched, not at what size.
+    # 2-core CPU, 0.04 s at this shape (docs/lab/2026-12-04-cpu.md R30); what this test checks is
+    # which op is benched, not at what size.
     edit(repo / REGISTRY, "    # CPU-friendly\n", "    # CPU-friendly\n    'B1_T16_H1_D16': {'B': 1, 'T': 16, 'H': 1, 'D': 16},\n")
     # a base whose chunked op sleeps, so that the change below is faster whatever the CPU's load
     edit(repo / CHUNK, *SLOWER_CHUNK)
