@@ -44,16 +44,15 @@ def combined_interval(thetas: np.ndarray, bounds: list[tuple[float, float]], ns:
     """
     if any(not (math.isfinite(lo) and math.isfinite(hi)) for lo, hi in bounds):
         return -math.inf, math.inf, float(min(ns) - 1)
-    t_ppf = t_quantile  # t_ppf(df, p)
     p = (1 + confidence) / 2
-    q = np.array([t_ppf(n - 1, p) for n in ns])
+    q = np.array([t_quantile(n - 1, p) for n in ns])
     s_lo = (thetas - np.array([b[0] for b in bounds])) / q
     s_hi = (np.array([b[1] for b in bounds]) - thetas) / q
     m = thetas.size
     s = (s_lo + s_hi) / 2
     den = float(np.sum(s ** 4 / (np.array(ns) - 1)))
     df = float(np.sum(s ** 2) ** 2 / den) if den > 0 else float(min(ns) - 1)
-    qq = float(t_ppf(df, p))
+    qq = float(t_quantile(df, p))
     center = float(thetas.mean())
     return (center - qq * math.sqrt(float(np.sum(s_lo ** 2))) / m,
             center + qq * math.sqrt(float(np.sum(s_hi ** 2))) / m, df)

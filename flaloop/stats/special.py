@@ -1,9 +1,9 @@
 """The four special functions the statistics use, in plain Python: the normal CDF and quantile, the
 binomial CDF at p = 1/2 and the Student t quantile.
 
-scipy.special has them all, but importing it costs a bench, compare or sweep 0.2-0.3 s on the
-2-core development machine (its array-API layer clones numpy's namespace), more than the whole
-analysis of a run record. tests/unit/test_stats.py holds each of these to scipy's values.
+scipy.special has them all, but importing it cost every bench, compare, sweep and iter 0.22-0.33 s
+on the 2-core development machine (docs/lab/2026-12-04-cpu.md R30). tests/unit/test_stats.py holds
+each of these to scipy's values.
 """
 
 from __future__ import annotations

@@ -129,12 +129,6 @@ def warm_preload(target: Target, contract: Contract) -> list[str]:
     return forkservers.remembered(forkservers.preload_file(target.python, contract.op, "full"))
 
 
-def warm_owner(target: Target) -> str:
-    """The checkout a fork server the gate starts belongs to, as a bench's does (`flaloop clean`
-    there stops it): the one whose workspace the gate writes to."""
-    return str(getattr(target, "home", None) or target.root)
-
-
 # -- baseline at the base commit ----------------------------------------------------------------
 
 def _baseline_key(contract: Contract, k_expr: str | None, python: str, kind: str) -> str:
@@ -175,7 +169,7 @@ def baseline(target: Target, contract: Contract, k_expr: str | None, *, env: dic
         run = run_pytest(target.python, wt, contract.test_file, k_expr=k_expr, env=env, package=package,
                          watch=watch, log_path=cache.with_suffix(".log"), progress=progress, timeout=timeout,
                          collect_only=kind == "collect", cancel=cancel, frozen=[f.path for f in contract.frozen],
-                         preload=warm_preload(target, contract), owner=warm_owner(target))
+                         preload=warm_preload(target, contract), owner=str(target.checkout()))
         # what the base's own process changed (installed plugins, the base's modules): never the candidate's
         base_changes = gate_integrity.keys(run.integrity, (str(wt),))
     ok_codes = (0,) if kind == "collect" else (0, 1)
@@ -303,7 +297,7 @@ def _base_and_candidate(target: Target, contract: Contract, k_expr: str | None, 
         return run_pytest(target.python, target.root, contract.test_file, k_expr=k_expr, env=env, package=package,
                           watch=watch, log_path=log_path, progress=progress, timeout=timeout, workers=n, gpus=gpus,
                           cancel=cancel, callrec=callrec, frozen=[f.path for f in contract.frozen],
-                          preload=warm_preload(target, contract), owner=warm_owner(target))
+                          preload=warm_preload(target, contract), owner=str(target.checkout()))
 
     base = _cached_baseline(target, contract, k_expr, "collect")
     if base is not None:
@@ -456,7 +450,7 @@ def _retry_out_of_memory(target: Target, contract: Contract, env: dict[str, str]
                        package=contract.import_path.split(".")[0], watch=watch, log_path=alone_log,
                        progress=progress, timeout=timeout, workers=0, gpus=gpus, cancel=cancel, node_ids=ids,
                        frozen=[f.path for f in contract.frozen], preload=warm_preload(target, contract),
-                       owner=warm_owner(target))
+                       owner=str(target.checkout()))
     passed = [i for i in ids if again.outcomes.get(i) == "passed"]
     retry = {"ids": ids, "workers": len(run.workers), "passed_alone": passed,
              "still_failing": {i: (again.crashes.get(i) or {}).get("message") or again.outcomes.get(i, "did not run")

@@ -178,8 +178,12 @@ class Target:
     def registry_file(self) -> Path:
         return self.root / self.config.get("target", {}).get("registry", DEFAULT_REGISTRY)
 
+    def checkout(self) -> Path:
+        """The checkout whose workspaces this target writes to (and whose fork servers it starts)."""
+        return self.root
+
     def workspace(self, op: str) -> Workspace:
-        return Workspace.at(self.root, op)
+        return Workspace.at(self.checkout(), op)
 
     def tree(self, root: Path, home: Path | None = None) -> TreeTarget:
         """Another checkout of this target (a worktree of the base, a sweep's candidate) whose
@@ -389,5 +393,5 @@ class TreeTarget(Target):
 
     home: Path | None = None
 
-    def workspace(self, op: str) -> Workspace:
-        return Workspace.at(self.home or self.root, op)
+    def checkout(self) -> Path:
+        return self.home or self.root

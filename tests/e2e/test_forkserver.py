@@ -5,11 +5,14 @@ retires it; `flaloop clean` stops it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import pytest
 from support.cli import flaloop
 from support.procs import alive, ppid, wait_for
 from support.repos import edit
@@ -60,14 +63,24 @@ def test_the_next_bench_forks_from_the_server_the_first_left_and_clean_stops_it(
     assert wait_for(lambda: not alive(server), 10) and not sock.exists()
 
 
-def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
+@pytest.fixture
+def private_tmp():
+    """A temp dir of this test's runs alone, outside pytest's (whose path holds `test_`, which flaloop
+    refuses as TMPDIR): another test's flaloop reaps a killed run's worktrees in the shared one."""
+    d = Path(tempfile.mkdtemp(prefix="killed-bench-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path, private_tmp):
     gate = tmp_path / "sleep-now"
     edit(toy / FAST, "    scale = q.shape",
          "    import os, time\n"
          f"    while os.path.exists({str(gate)!r}):\n"
          "        time.sleep(0.2)\n"
          "    scale = q.shape")
-    warm = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1")
+    tmp_env = {"TMPDIR": str(private_tmp)}  # the killed run's worktrees are read below, before the next run
+    warm = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1", env=tmp_env)
     assert warm.code == 0, warm.stderr[-3000:]
     fs = warm.json["env"]["forkserver"]
     sock = Path(fs.get("left_warm") or fs["socket"])  # left by this run, or used by it
@@ -78,7 +91,7 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
     with open(err, "w") as err_fd:
         proc = subprocess.Popen([sys.executable, "-m", "flaloop", "bench", "toy_attn", *QUICK], cwd=toy,
                                 stdout=subprocess.DEVNULL, stderr=err_fd,
-                                env={**os.environ, "TRITON_INTERPRET": "1"})
+                                env={**os.environ, "TRITON_INTERPRET": "1", **tmp_env})
     server = None
     try:
         def forked() -> list[int]:
@@ -110,7 +123,7 @@ def test_forked_workers_die_with_the_flaloop_that_asked_for_them(toy, tmp_path):
         left = [p for p in git.list_worktrees(toy) if Path(p) != toy]
         assert left and all(Path(p).exists() for p in left)
         gate.unlink()
-        after = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1")
+        after = flaloop(toy, "bench", "toy_attn", "--json", *QUICK, "--rounds", "1", env=tmp_env)
         assert after.code == 0, after.stderr[-3000:]
         assert not any(Path(p).exists() for p in left) and git.list_worktrees(toy) == [str(toy)]
     finally:
