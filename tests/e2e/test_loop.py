@@ -155,7 +155,8 @@ def test_keep_then_revert_with_rows_commits_notes_and_a_measured_dispatch(slow_t
     assert r.json["decision"]["data"]["explanation"] == str(Path(expl["_path"]).relative_to(ws(repo)))
     assert 0.5 <= r.json["decision"]["data"]["explained_share"] <= 1.5  # the sleep: host time outside any op
     host = {k["name"]: k for k in expl["cells"][0]["kernels"]}["(host time outside any op)"]
-    assert host["base_ms"] > 4 > 1 > host["cand_ms"]
+    # the 5 ms sleep is what went: the band, not the candidate's own host time, which load stretches
+    assert host["base_ms"] > 4 and host["base_ms"] - host["cand_ms"] > 3
     # each side's progress names the cell it is at; each cell says where its profile's time went
     assert "    base: B2_T64_H2_D16/fwd" in r.stderr and "    cand: B2_T64_H2_D16/fwd" in r.stderr
     side = json.loads((Path(expl["_path"]).parent / "round-1" / "cells-cand.json").read_text())  # a run per round
@@ -195,8 +196,10 @@ def test_the_go_needs_a_win_its_kernels_explain(slow_toy, tmp_path):
     edit(repo / FAST, *PROFILER_SHY)
     r, doc = iterate(repo, "sleep only when watched")
     assert r.code == 0 and doc["iteration"]["status"] == "keep", r.stderr  # the bench alone is fooled
-    r = fl(repo, "explain", OP, "--json", "--steps", "4")  # taken before the go: the go reuses it
-    assert r.code == 1 and r.json["blocked"], r.stderr
+    # taken before the go (the go reuses it); 20 steps a round, so that one step a loaded host
+    # stretched does not carry a round's share past 50% and leave the profile "unsure"
+    r = fl(repo, "explain", OP, "--json", "--steps", "20")
+    assert r.code == 1 and r.json["blocked"], (r.json.get("total"), r.json.get("unsure"), r.stderr)
     assert any(f["rule"] == "unexplained-speedup" and "below 50%" in f["message"] for f in r.json["findings"])
     r2 = fl(repo, "stop", OP, "--go", "--json")
     assert r2.code == 1 and "missing: explained win" in r2.json["error"] and "unexplained-speedup" in r2.json["error"]
