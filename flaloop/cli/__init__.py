@@ -1,17 +1,22 @@
 """Command line: one thin function per command; parsing and printing only.
 
 `app.py` holds the typer app, the consoles, exit-code mapping and option groups; each other
-module registers the commands of one area on that app.
+module registers the commands of one area on that app. Which module that is, is
+`COMMAND_MODULES`: `main()` imports only the module of the command a line names, since the other
+modules' imports are most of a short command's start (docs/lab/2026-12-04-cpu.md R31). A line that
+names no known command (`--help`, a typo, nothing) loads them all, so that the listing and click's
+suggestions see every command; so does anything that reads the whole app (`load_commands()`: the
+MCP server's tools, the docs' checks).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
 import typer.main
 
-from flaloop.cli import agent, compare, demo, guard, loop, maint, measure, model, report, setup, sweep  # noqa: F401  (register their commands)
 from flaloop.cli.app import (
     ClickException,
     NoArgsIsHelpError,
@@ -24,6 +29,25 @@ from flaloop.cli.app import (
 from flaloop.cli.help import polish
 from flaloop.core import procs
 
+# The module (under flaloop/cli/) that registers each command; tests/unit/test_cli_conventions.py
+# holds it to what the modules register.
+COMMAND_MODULES = {
+    "list": "setup", "init": "setup", "audit": "guard",
+    "gate": "measure", "bench": "measure", "verify": "measure", "sanitize": "measure",
+    "baseline": "loop", "iter": "loop", "status": "loop", "log": "loop", "header": "loop", "trap": "loop",
+    "reassess": "loop", "dispatch": "loop", "stop": "loop",
+    "report": "report", "profile": "report", "explain": "report",
+    "compare": "compare", "sweep": "sweep", "model": "model", "clean": "maint",
+    "skill": "agent", "mcp": "agent", "demo": "demo",
+}
+
+
+def load_commands(name: str | None = None) -> None:
+    """Register command `name` on the app, or every command (None, or a name no module registers)."""
+    mod = COMMAND_MODULES.get(name) if name else None
+    for m in [mod] if mod else sorted(set(COMMAND_MODULES.values())):
+        importlib.import_module(f"flaloop.cli.{m}")
+
 
 def main(argv: list[str] | None = None) -> None:
     # Ctrl-C and SIGTERM unwind the same way, so worktrees and workers are always cleaned up; a
@@ -34,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     if "--debug" in head:  # a global option, taken wherever it stands
         settings.debug = True
         args = [a for i, a in enumerate(args) if not (a == "--debug" and i < len(head))]
+    # the root's options are flags, so its first other word is the command
+    load_commands(next((a for a in args if not a.startswith("-")), None))
     root = typer.main.get_command(app)
     polish(root)
     args = normalize_argv(args, root)

@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from flaloop.cli import load_commands
 from flaloop.cli.app import COMMAND_ORDER, app
 
 # Commands that are no tool, and why (tests/unit/test_mcp.py checks every command is one or the other).
@@ -167,6 +168,7 @@ def _text(value: Any) -> str:
 
 
 def _registered() -> dict:
+    load_commands()  # the tools are every command, not only those of the line that started flaloop
     return {ci.name or ci.callback.__name__: ci for ci in app.registered_commands}
 
 

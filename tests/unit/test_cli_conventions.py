@@ -14,9 +14,11 @@ from support.repos import OP
 from typer.main import get_command
 
 from flaloop.bench.model import BenchConfig
-from flaloop.cli import app
+from flaloop.cli import app, load_commands
 from flaloop.cli.app import normalize_argv
 from flaloop.report.terminal import print_table
+
+load_commands()  # every command on the app, as `flaloop --help` sees it
 
 
 @pytest.mark.parametrize("spelled", [
@@ -158,3 +160,38 @@ def test_sweep_progress_never_prints_none():
     on_event("done", key="k", status="ok", verdict="FASTER")
     assert said == ["opt/c128: queued", "opt/c128: started", "opt/c128: retried ()", "opt/c128: done",
                     "opt/c128: ok FASTER"]
+
+
+def test_each_command_is_loaded_from_the_module_that_registers_it():
+    from flaloop.cli import COMMAND_MODULES
+    from flaloop.cli.app import COMMAND_ORDER
+
+    registered = {ci.name or ci.callback.__name__: ci.callback.__module__ for ci in app.registered_commands}
+    assert registered == {name: f"flaloop.cli.{m}" for name, m in COMMAND_MODULES.items()}
+    assert set(COMMAND_ORDER) == set(COMMAND_MODULES)
+
+
+LOADED = """
+import sys
+from flaloop.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(" ".join(sorted(m for m in sys.modules if m.startswith("flaloop.cli."))), file=sys.__stderr__)
+"""
+
+
+@pytest.mark.parametrize("argv, loaded, not_loaded", [
+    (["status", "--help"], {"loop", "measure"}, {"sweep", "agent", "setup", "model"}),
+    (["--debug", "list", "--help"], {"setup"}, {"loop", "measure", "sweep", "agent"}),
+    (["--help"], {"loop", "measure", "sweep", "agent", "setup", "model", "maint", "demo"}, set()),
+    (["bnch"], {"loop", "measure", "sweep", "agent"}, set()),  # a typo: click suggests from every command
+])
+def test_a_command_line_imports_only_the_module_of_its_command(argv, loaded, not_loaded):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", LOADED, *argv], capture_output=True, text=True, timeout=60)
+    mods = {m.removeprefix("flaloop.cli.") for m in r.stderr.strip().splitlines()[-1].split()}
+    assert loaded <= mods and not (not_loaded & mods), (mods, r.stderr[-2000:])

@@ -15,7 +15,9 @@ from support.repos import ROOT
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from flaloop.cli import app
+from flaloop.cli import app, load_commands
+
+load_commands()  # every command on the app, as `flaloop --help` sees it
 
 DOCS = ("SKILL.md", "README.md", "docs/COMMANDS.md")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)

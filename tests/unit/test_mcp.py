@@ -27,8 +27,9 @@ from flaloop.cli.agent_tools import (  # noqa: E402
 def _click_commands() -> dict:
     import typer.main
 
-    from flaloop.cli import app
+    from flaloop.cli import app, load_commands
 
+    load_commands()
     return typer.main.get_command(app).commands
 
 

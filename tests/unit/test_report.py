@@ -16,7 +16,7 @@ def test_the_options_a_record_names_ask_for_the_same_config():
     from typer.main import get_command
 
     from flaloop.bench.model import BenchConfig, cli_args
-    from flaloop.cli import app
+    from flaloop.cli import app, load_commands
     from flaloop.cli.measure import BenchOptions
     from flaloop.task.contract import MODES
 
@@ -26,6 +26,7 @@ def test_the_options_a_record_names_ask_for_the_same_config():
                         cell_seconds=20.0, varlen=True, dtype="float16", forkserver=False, placements=1),
             BenchConfig(), BenchConfig(signal=True, rounds=1, max_rounds=1, min_pairs=6, max_pairs=40,
                                        half_width=0.01, cell_seconds=10.0)]
+    load_commands("bench")
     bench = get_command(app).commands["bench"]  # type: ignore[attr-defined]
     for cfg in cfgs:
         cfg.inputs = {**contract.input_overrides, **cfg.inputs}
