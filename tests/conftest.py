@@ -29,20 +29,22 @@ def _own_user_cache(tmp_path_factory):
     forkservers.stop_all()
 
 
-# The test modules longest first, those over 15 s (each module's span on one xdist worker under
-# `-n 3` on the 2-core machine CI runs on, 17-153 s: docs/lab/2026-12-04-cpu.md R30). Each xdist
+# The test modules longest first, those over 10 s (each module's span on one xdist worker under
+# `-n 3` on the 2-core machine CI runs on, 11-123 s: docs/lab/2026-12-04-cpu.md R31). Each xdist
 # worker takes the next module when it is free (`--dist loadscope --no-loadscope-reorder`, the
 # Makefile), so these start first and the short modules fill the end, where one worker would
 # otherwise finish a long module alone. A module not named here keeps its place after them,
 # tests/unit/ last.
-LONGEST_FIRST = ["e2e/test_gate.py", "e2e/test_sweep.py", "e2e/test_bench.py", "redteam/test_gate_tamper.py",
-                 "e2e/test_sweep_ray_ops.py", "e2e/test_loop.py", "e2e/test_sanitize.py", "e2e/test_bad_input.py",
-                 "e2e/test_mcp.py", "e2e/test_cycle.py", "e2e/test_robust.py", "e2e/test_l2.py",
-                 "redteam/test_timed_calls.py", "e2e/test_unseen.py", "e2e/test_forkserver.py", "e2e/test_compare.py",
-                 "e2e/test_worker.py", "e2e/test_cand_env.py", "e2e/test_cli.py", "redteam/test_test_calls.py",
-                 "e2e/test_model_check.py", "e2e/test_guard_selfcheck.py", "e2e/test_tuning_rounds.py",
-                 "e2e/test_leaks.py", "e2e/test_guard_static.py", "e2e/test_report.py", "e2e/test_cli_conventions.py",
-                 "e2e/test_declared_ops.py", "redteam/test_options.py"]
+LONGEST_FIRST = ["e2e/test_gate.py", "e2e/test_bench.py", "e2e/test_sweep.py", "e2e/test_sweep_ray_ops.py",
+                 "e2e/test_sanitize.py", "e2e/test_loop.py", "redteam/test_gate_tamper.py", "e2e/test_bad_input.py",
+                 "e2e/test_cycle.py", "e2e/test_l2.py", "e2e/test_forkserver.py", "e2e/test_mcp.py",
+                 "redteam/test_timed_calls.py", "e2e/test_robust.py", "e2e/test_compare.py", "e2e/test_worker.py",
+                 "e2e/test_cli.py", "e2e/test_cand_env.py", "e2e/test_unseen.py", "e2e/test_tuning_rounds.py",
+                 "redteam/test_test_calls.py", "e2e/test_guard_selfcheck.py", "e2e/test_model_check.py",
+                 "e2e/test_report.py", "e2e/test_leaks.py", "e2e/test_guard_static.py", "e2e/test_cli_conventions.py",
+                 "e2e/test_declared_ops.py", "e2e/test_backends.py", "redteam/test_precision_shortcuts.py",
+                 "e2e/test_contention.py", "redteam/test_options.py", "unit/test_stats.py", "e2e/test_guard_probes.py",
+                 "redteam/test_patched_harness.py"]
 
 
 def _module_rank(item) -> tuple[int, int]:
