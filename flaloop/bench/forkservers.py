@@ -110,6 +110,12 @@ def remembered(path: Path) -> list[str]:
         return ["torch", "triton"]
 
 
+def op_preload(python: str, op: str) -> list[str]:
+    """The module list of the server a bench of `op` leaves warm (its `--import full` workers'):
+    what the gate's test process and the op query look for, so that one warm server serves all."""
+    return remembered(preload_file(python, op, "full"))
+
+
 def socket_path(k: str, ext: str = "sock") -> Path:
     """The server's socket, or a file beside it: its log, preload listing, or why it failed."""
     return socket_dir() / f"fs-{k}.{ext}"

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flaloop import __version__, inside
+from flaloop.bench import forkservers
 from flaloop.bench.model import L2_MODES, L2_WORDS, MODES
 from flaloop.core import clock, fsutil, git
 from flaloop.core.errors import FlaloopError, UsageError
@@ -235,7 +236,8 @@ def compute_frozen(target: Target, spec: OpSpec, base_commit: str) -> tuple[list
             if pair not in wanted:
                 wanted.append(pair)
     answer = run_query(target.python, root, [
-        "op", "--import-path", spec.import_path, "--func", spec.func_name, "--resolve", json.dumps(wanted)])
+        "op", "--import-path", spec.import_path, "--func", spec.func_name, "--resolve", json.dumps(wanted)],
+        preload=forkservers.op_preload(target.python, spec.name), package=spec.package)
     if not answer.get("ok"):
         hint = ("fix the import, or pass --python" if spec.source != CONFIG_FILE else
                 f"fix import_path (the module) or func_name (the function in it) under [ops.{spec.name}] "

@@ -126,7 +126,7 @@ def warm_preload(target: Target, contract: Contract) -> list[str]:
     xdist workers is forked from it when it runs (pytest_run.warm_server), saving the import of
     torch and the op's libraries that a fresh interpreter pays at every gate. The list of
     the bench's `--import full` workers: the test imports the op as users do."""
-    return forkservers.remembered(forkservers.preload_file(target.python, contract.op, "full"))
+    return forkservers.op_preload(target.python, contract.op)
 
 
 # -- baseline at the base commit ----------------------------------------------------------------

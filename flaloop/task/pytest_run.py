@@ -114,19 +114,22 @@ def _provides(d: Path, name: str) -> bool:
 
 
 def warm_server(python: str, env: dict[str, str], preload: list[str], package: str,
-                path_dirs: list[Path], owner: str | None = None) -> tuple[forkservers.ForkServer | None, str]:
-    """The warm fork server the test process may be forked from, or None and why not.
+                path_dirs: list[Path], owner: str | None = None,
+                start: bool = True) -> tuple[forkservers.ForkServer | None, str]:
+    """The warm fork server the test process (or the op query) may be forked from, or None and why not.
 
     It is the one a bench of the op left for this interpreter, environment and preload list
     (bench/forkservers.py); where none is warm, one is started and waited for, as a bench does: its
     preload costs what a fresh interpreter's imports would, and it stays warm for the op's next
-    gate and bench. A forked test process finds the server's
+    gate and bench (`start=False`: none is started, the caller runs fresh). A forked process finds the server's
     libraries imported, so it is forked only where a fresh one would have imported the same: the
     server holds nothing of the target package, and no directory that goes before the interpreter's
     own on the test's sys.path (`path_dirs`: the working directory, flaloop's plugin directory, the
     tree) holds a module named like one the server imported (a tree's own `triton/` would shadow
     the installed one in a fresh interpreter)."""
     server = forkservers.ForkServer.connect(python, env, preload, wait=False)
+    if server is None and not start:
+        return None, "no fork server was warm for this interpreter, environment and preload"
     if server is None:
         if (failed := forkservers.failure(python, env, preload)) is not None:
             return None, f"a fork server cannot run for this interpreter, environment and preload: {failed}"

@@ -40,10 +40,11 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli packag
     import tomli as tomllib
 
 from flaloop import inside
+from flaloop.bench import forkservers
 from flaloop.core import fsutil, git, procs
 from flaloop.core.errors import StorageError, UsageError
 from flaloop.core.workspace import Workspace
-from flaloop.task import opcalls, opdecl
+from flaloop.task import opcalls, opdecl, pytest_run
 
 SCRIPT = inside.script("target_query.py")
 DEFAULT_REGISTRY = "benchmarks/ops/registry.py"
@@ -90,25 +91,68 @@ def derived_test_file(import_path: str) -> str:
     return f"tests/ops/test_{import_path.rsplit('.', 1)[-1]}.py"
 
 
-def run_query(python: str, root: Path, args: list[str], timeout: float = 600) -> dict:
-    """Run the target query (inside/scripts/target_query.py) in the target's interpreter; return its JSON answer."""
+def run_query(python: str, root: Path, args: list[str], timeout: float = 600, *,
+              preload: list[str] | None = None, package: str | None = None) -> dict:
+    """Run the target query (inside/scripts/target_query.py) in the target's interpreter; return its JSON answer.
+
+    With `preload` (a fork server's module list) and `package` (the target's, which the server must
+    not hold), the query is forked from a server of that list that is warm for this interpreter and
+    environment, as the gate's test process is (pytest_run.warm_server), and run fresh otherwise: it
+    imports torch and the target's libraries, seconds that a bench's warm server has paid already.
+    None is started for it. The answer then says which server forked it (`_forked_by`)."""
     with tempfile.TemporaryDirectory(prefix="flaloop-query-") as tmp:
         out = Path(tmp) / "out.json"
-        cmd = [python, str(SCRIPT), *args, "--tree", str(root), "--out", str(out)]
+        qargs = [*args, "--tree", str(root), "--out", str(out)]
+        cmd = [python, str(SCRIPT), *qargs]
+        forked = _forked_query(python, root, qargs, Path(tmp), timeout, preload, package) \
+            if preload is not None and package else None
+        if forked is not None:
+            code, stdout, stderr = forked[0], "", (Path(tmp) / "log").read_text(errors="replace")
+        else:
+            try:
+                proc = procs.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                raise UsageError(f"probing the target with {python} took longer than {timeout:.0f}s") from exc
+            except OSError as exc:  # missing, not executable, not a program
+                raise UsageError(f"the target interpreter {python!r} cannot be run: {exc.strerror or exc}",
+                                 "pass --python PATH to the Python that has the target's torch") from exc
+            code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
         try:
-            proc = procs.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise UsageError(f"probing the target with {python} took longer than {timeout:.0f}s") from exc
-        except OSError as exc:  # missing, not executable, not a program
-            raise UsageError(f"the target interpreter {python!r} cannot be run: {exc.strerror or exc}",
-                             "pass --python PATH to the Python that has the target's torch") from exc
-        stdout, stderr = proc.stdout, proc.stderr
-        try:
-            return json.loads(out.read_text())
+            answer = json.loads(out.read_text())
         except (OSError, ValueError):
             tail = (stderr or stdout)[-2000:]
-            raise UsageError(f"the target query died (exit {proc.returncode}) under {python}:\n{tail}",
+            raise UsageError(f"the target query died (exit {code}) under {python}:\n{tail}",
                              "check that --python is the interpreter of the target (it must import torch)") from None
+        if forked is not None and isinstance(answer, dict):
+            answer["_forked_by"] = forked[1]
+        return answer
+
+
+def _forked_query(python: str, root: Path, qargs: list[str], tmp: Path, timeout: float,
+                  preload: list[str], package: str) -> tuple[int, int] | None:
+    """The query forked from a warm server: its exit code and the server's pid, or None where none
+    is warm or it would not run as a fresh interpreter would (then the caller runs it fresh)."""
+    env = dict(os.environ)
+    server, _why = pytest_run.warm_server(python, env, preload, package, [SCRIPT.parent, root], start=False)
+    if server is None:
+        return None
+    try:
+        with open(tmp / "log", "w") as log:
+            try:
+                pid, stdin, stdout = server.spawn(["--script", str(SCRIPT), *qargs], root, env, log)
+            except RuntimeError:  # the server refused or is gone: a fresh interpreter
+                return None
+            for end in (stdin, stdout):  # the script speaks no protocol
+                end.close()
+            proc = forkservers.ForkedProc(server, pid, None, None)
+            code = proc.wait(timeout)
+            if code is None:
+                proc.kill()
+                raise UsageError(f"probing the target with {python} took longer than {timeout:.0f}s")
+            return code, server.pid
+    finally:
+        server.close()
+
 
 
 # Types of the flaloop.toml keys flaloop reads. Tables and keys it does not know are left alone

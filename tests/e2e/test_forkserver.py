@@ -335,3 +335,29 @@ def test_one_server_per_checkout_whatever_shell_started_it_and_clean_stops_only_
     assert forkservers.stop_all(owner=a) == 1 and wait_for(lambda: not alive(second), 10)
     assert alive(other)
     assert forkservers.stop_all(owner=b) == 1 and wait_for(lambda: not alive(other), 10)
+
+
+def test_the_op_query_forks_from_a_warm_server_and_answers_as_a_fresh_one(toy, monkeypatch):
+    """`init`'s op query (the signature, the files the test's imports resolve to: the frozen set)
+    is forked from a warm server of the op's key where one is, and answers as a fresh one does."""
+    from flaloop.task.contract import compute_frozen
+    from flaloop.task.target import Target
+
+    monkeypatch.setenv(forkservers.DIR_ENV, tempfile.mkdtemp(prefix="query-fs-"))  # no other test's server
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    target = Target.discover(toy)
+    spec = target.op("toy_attn")
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=toy, capture_output=True, text=True).stdout.strip()
+    fresh_frozen, fresh = compute_frozen(target, spec, base)  # none warm: fresh, and none started
+    assert "_forked_by" not in fresh and not list(Path(os.environ[forkservers.DIR_ENV]).glob("*.sock"))
+    env, preload = dict(os.environ), forkservers.op_preload(target.python, "toy_attn")
+    forkservers.start(target.python, env, preload)
+    server = wait_for(lambda: forkservers.ForkServer.connect(target.python, env, preload), 120, step=0.5)
+    assert server is not None, "the fork server never came up"
+    try:
+        frozen, forked = compute_frozen(target, spec, base)
+        assert forked.pop("_forked_by") == server.pid
+        assert forked == fresh and frozen == fresh_frozen
+    finally:
+        server.close()
+        forkservers.stop_all()

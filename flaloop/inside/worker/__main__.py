@@ -51,6 +51,9 @@ def _forkserver(argv) -> int:
         if args[:1] == ['--pytest']:  # the gate's test process, not a worker: it speaks no protocol
             proto.close()
             return forkserver.run_pytest(args[1:])
+        if args[:1] == ['--script']:  # a script of flaloop's (the op query): no protocol either
+            proto.close()
+            return forkserver.run_script(args[1:])
         return server.main(proto, args)
 
     return forkserver.serve(path, names, entry, key=opts.get('--key', ''), idle_s=float(opts.get('--idle', 900)))

@@ -21,7 +21,8 @@ of the child) by SCM_RIGHTS. On connect the server first sends its greeting:
       (tops: the top-level names of the modules it holds, which a forked child finds imported)
   {"cmd": "spawn", "argv": [...], "cwd": DIR, "env": {...}} -> {"ok": true, "pid": N} or {"ok": false, "error": ...}
       (env is the child's whole environment; argv `--pytest ARGS...` makes the child the gate's
-      `python -m pytest ARGS...` (run_pytest), any other argv a benchmark worker)
+      `python -m pytest ARGS...` (run_pytest), `--script PATH ARGS...` a `python PATH ARGS...`
+      (run_script: the op query), any other argv a benchmark worker)
   {"cmd": "status", "pid": N} -> {"ok": true, "returncode": int | null}   (null: still running)
   {"cmd": "exit"} -> {"ok": true}, then the server exits
 """
@@ -144,6 +145,23 @@ def run_pytest(args: list[str]) -> int:
     sys.argv = ['pytest', *args]
     import runpy
     runpy.run_module('pytest', run_name='__main__', alter_sys=True)  # raises SystemExit with pytest's code
+    return 0
+
+
+def run_script(args: list[str]) -> int:
+    """In a forked child: `python SCRIPT ARGS` as a fresh interpreter started with this environment
+    would run it, but with the server's libraries already imported: sys.path becomes the script's
+    directory, then PYTHONPATH, then the interpreter's own entries (as for run_pytest, the
+    orchestrator has checked that nothing in front shadows what the server imported)."""
+    script = os.path.realpath(args[0])
+    here = os.path.dirname(os.path.realpath(__file__))
+    front = [os.path.dirname(script)] + [os.path.abspath(p) for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+    rest = [p for p in sys.path if p and os.path.realpath(p) != here and p not in front]
+    sys.path[:] = front + rest
+    importlib.invalidate_caches()
+    sys.argv = [script, *args[1:]]
+    import runpy
+    runpy.run_path(script, run_name='__main__')  # a script that calls sys.exit raises SystemExit with its code
     return 0
 
 
