@@ -99,13 +99,16 @@ def run_query(python: str, root: Path, args: list[str], timeout: float = 600, *,
     not hold), the query is forked from a server of that list that is warm for this interpreter and
     environment, as the gate's test process is (pytest_run.warm_server), and run fresh otherwise: it
     imports torch and the target's libraries, seconds that a bench's warm server has paid already.
-    None is started for it. The answer then says which server forked it (`_forked_by`)."""
+    None is started for it. The answer then says which server forked it (`_forked_by`); a forked
+    query that died without an answer is asked again in a fresh interpreter."""
     with tempfile.TemporaryDirectory(prefix="flaloop-query-") as tmp:
         out = Path(tmp) / "out.json"
         qargs = [*args, "--tree", str(root), "--out", str(out)]
         cmd = [python, str(SCRIPT), *qargs]
         forked = _forked_query(python, root, qargs, Path(tmp), timeout, preload, package) \
             if preload is not None and package else None
+        if forked is not None and not out.exists():
+            forked = None  # the script answers even when the target fails: a forked one that died is asked fresh
         if forked is not None:
             code, stdout, stderr = forked[0], "", (Path(tmp) / "log").read_text(errors="replace")
         else:

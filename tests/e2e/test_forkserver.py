@@ -358,6 +358,10 @@ def test_the_op_query_forks_from_a_warm_server_and_answers_as_a_fresh_one(toy, m
         frozen, forked = compute_frozen(target, spec, base)
         assert forked.pop("_forked_by") == server.pid
         assert forked == fresh and frozen == fresh_frozen
+        # a forked query that died before it answered is asked again, fresh
+        from flaloop.task import target as target_mod
+        monkeypatch.setattr(target_mod, "_forked_query", lambda *a: (-9, server.pid))
+        assert compute_frozen(target, spec, base) == (fresh_frozen, fresh)
     finally:
         server.close()
         forkservers.stop_all()
