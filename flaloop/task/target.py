@@ -148,14 +148,16 @@ def _forked_query(python: str, root: Path, qargs: list[str], tmp: Path, timeout:
             for end in (stdin, stdout):  # the script speaks no protocol
                 end.close()
             proc = forkservers.ForkedProc(server, pid, None, None)
-            code = proc.wait(timeout)
+            try:
+                code = proc.wait(timeout)
+            finally:  # a timeout, Ctrl-C or any error takes the query along (it is the server's child, not ours)
+                if proc.poll() is None:
+                    proc.kill()
             if code is None:
-                proc.kill()
                 raise UsageError(f"probing the target with {python} took longer than {timeout:.0f}s")
             return code, server.pid
     finally:
         server.close()
-
 
 
 # Types of the flaloop.toml keys flaloop reads. Tables and keys it does not know are left alone

@@ -358,6 +358,14 @@ def test_the_op_query_forks_from_a_warm_server_and_answers_as_a_fresh_one(toy, m
         frozen, forked = compute_frozen(target, spec, base)
         assert forked.pop("_forked_by") == server.pid
         assert forked == fresh and frozen == fresh_frozen
+        # a forked query past its timeout is killed, and said so
+        from flaloop.core.errors import UsageError
+        from flaloop.task.target import run_query
+        before = set(children(server.pid))
+        with pytest.raises(UsageError, match="took longer than"):
+            run_query(target.python, toy, ["registry", "--registry", str(target.registry_file)], timeout=0.01,
+                      preload=preload, package=spec.package)
+        assert wait_for(lambda: not (set(children(server.pid)) - before), 10), "the timed-out query lives on"
         # a forked query that died before it answered is asked again, fresh
         from flaloop.task import target as target_mod
         monkeypatch.setattr(target_mod, "_forked_query", lambda *a: (-9, server.pid))
